@@ -1,0 +1,207 @@
+"""One ``Settings`` object for everything, read from (highest first) arguments,
+``RAG_``-prefixed environment variables, an optional YAML file, then defaults.
+
+Nested sections use ``__`` in environment variables::
+
+    RAG_DATA_DIR=/srv/ragqa RAG_EMBEDDER__BATCH_SIZE=64 ragqa status
+    RAG_CONFIG=ragqa.yaml ragqa reindex      # or: ragqa --config ragqa.yaml reindex
+
+Example::
+
+    from rag.config import Settings
+    settings = Settings.load("ragqa.yaml", data_dir="/tmp/rq")
+    print(settings.chunking.size_tokens)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from rag.errors import ConfigError
+from rag.types import Trust
+
+__all__ = [
+    "Settings",
+    "SourceConfig",
+    "EmbedderSettings",
+    "LexicalSettings",
+    "VectorSettings",
+    "ChunkingSettings",
+    "CrawlSettings",
+    "ScheduleSettings",
+]
+
+SourceKind = Literal["folder", "site", "sitemap", "feed"]
+
+
+class SourceConfig(BaseModel):
+    """One place documents come from: a folder, a web site, a sitemap or a feed."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    kind: SourceKind
+    location: str
+    trust: Trust = Trust.normal
+    tags: tuple[str, ...] = ()
+    tenant: str | None = None
+    lang: str | None = Field(default=None, description="Force a language instead of detecting it.")
+    include: tuple[str, ...] = Field(default=(), description="Glob patterns of paths to keep.")
+    exclude: tuple[str, ...] = Field(default=(), description="Glob patterns of paths to skip.")
+    max_pages: int | None = Field(default=None, ge=1)
+
+    @field_validator("trust", mode="before")
+    @classmethod
+    def _trust(cls, v: object) -> Trust:
+        return Trust.parse(v)  # type: ignore[arg-type]
+
+
+class EmbedderSettings(BaseModel):
+    backend: Literal["sentence-transformers", "use", "hash"] = "sentence-transformers"
+    model: str | None = Field(
+        default=None,
+        description="A local model folder or hub id; default: the packaged all-MiniLM-L6-v2.",
+    )
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    threads: int | None = Field(default=None, ge=1, description="Torch threads; default: usable cores.")
+    device: str = "cpu"
+    dim: int = Field(default=384, ge=8, description="Only for the hash embedder.")
+    progress: bool = True
+
+
+class LexicalSettings(BaseModel):
+    backend: Literal["tantivy"] = "tantivy"
+    path: Path | None = Field(default=None, description="Index folder; default: <data_dir>/lexical.")
+
+
+class VectorSettings(BaseModel):
+    backend: Literal["milvus", "numpy"] = "milvus"
+    uri: str | None = Field(
+        default=None,
+        description="Milvus URI: a file path for Milvus Lite (default <data_dir>/milvus.db) "
+        "or http://host:19530 for a server.",
+    )
+    token: SecretStr | None = None
+    collection: str = Field(default="ragqa_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
+    cache: bool = Field(
+        default=True,
+        description="Keep a local exact vector store beside the vector index, for fast rerank.",
+    )
+
+
+class ChunkingSettings(BaseModel):
+    size_tokens: int = Field(default=256, ge=16, le=8192)
+    overlap_tokens: int = Field(default=32, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap_smaller(self) -> ChunkingSettings:
+        if self.overlap_tokens >= self.size_tokens:
+            raise ValueError("chunking.overlap_tokens must be smaller than chunking.size_tokens")
+        return self
+
+
+DEFAULT_BOILERPLATE = (
+    r"(?im)^\s*(last updated|last modified|updated on|page generated|generated on)\b.*$",
+    r"(?im)^\s*(created using|built with) sphinx\b.*$",
+    r"(?m)^\s*(最后更新|最后修改|更新于|更新时间)[:：]?.*$",
+)
+
+
+class CrawlSettings(BaseModel):
+    max_pages: int = Field(default=5000, ge=1)
+    max_depth: int = Field(default=20, ge=0)
+    max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="Largest page or file read.")
+    timeout_s: float = Field(default=20.0, gt=0)
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=0.5, ge=0)
+    concurrency: int = Field(default=4, ge=1, le=64)
+    user_agent: str = "ragqa/0.1 (+https://github.com/ragqa/ragqa)"
+    respect_robots: bool = True
+    boilerplate_patterns: tuple[str, ...] = DEFAULT_BOILERPLATE
+
+
+class ScheduleSettings(BaseModel):
+    full_cron: str = "0 3 * * *"
+    incremental_cron: str = "0 * * * *"
+    timezone: str = "UTC"
+    misfire_grace_s: int = Field(default=3600, ge=1)
+
+
+class Settings(BaseSettings):
+    """All of ragqa's configuration. See the module docstring for how it is read."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAG_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    data_dir: Path = Path(".ragqa")
+    log_json: bool = False
+    sources: list[SourceConfig] = Field(default_factory=list)
+    embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
+    lexical: LexicalSettings = Field(default_factory=LexicalSettings)
+    vector: VectorSettings = Field(default_factory=VectorSettings)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    crawl: CrawlSettings = Field(default_factory=CrawlSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls), file_secret_settings)
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: object) -> Settings:
+        """Read settings, raising ``ConfigError`` with one readable line on any problem."""
+        path = config_file or os.environ.get("RAG_CONFIG") or None
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"config file not found: {path}")
+
+        class _FromFile(cls):  # type: ignore[valid-type,misc]
+            model_config = SettingsConfigDict(**{**cls.model_config, "yaml_file": path})
+
+        try:
+            loaded = _FromFile(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(_summarise(exc)) from exc
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            first = " ".join(str(exc).split())
+            raise ConfigError(f"cannot read config {path}: {first}") from exc
+        return cls.model_validate(loaded.model_dump())
+
+    @property
+    def milvus_uri(self) -> str:
+        return self.vector.uri or str(self.data_dir / "milvus.db")
+
+    @property
+    def lexical_path(self) -> Path:
+        return self.lexical.path or self.data_dir / "lexical"
+
+    def source(self, name: str) -> SourceConfig | None:
+        return next((s for s in self.sources if s.name == name), None)
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        parts.append(f"{loc}: {err['msg']}")
+    more = f" (+{exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+    return "invalid configuration: " + "; ".join(parts) + more

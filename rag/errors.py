@@ -1,0 +1,83 @@
+"""The error tree. Every error ragqa raises on purpose is a ``RagError``::
+
+    RagError
+    ├── ConfigError            bad settings, a bad YAML file, an unknown source name
+    ├── FilterError            an invalid metadata filter (unknown field, bad date, from > to)
+    ├── DataDirLocked          another ragqa process holds the data directory
+    ├── IngestError            a source cannot be crawled at all
+    │   └── FetchError         one URL or file could not be fetched (kept per page, not fatal)
+    ├── EmbedderError          the embedding model cannot be loaded or run
+    └── BackendError           an index or service failed
+        ├── BackendUnavailable     cannot connect, wrong credentials, not ready
+        ├── BackendTimeout         the backend did not answer in time
+        └── SchemaMismatch         an existing index or collection has another schema
+
+Adapters translate driver exceptions at the boundary and raise these ``from`` the
+original, so callers (the CLI, the scheduler, the HTTP layer) handle one tree.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RagError",
+    "ConfigError",
+    "FilterError",
+    "DataDirLocked",
+    "IngestError",
+    "FetchError",
+    "EmbedderError",
+    "BackendError",
+    "BackendUnavailable",
+    "BackendTimeout",
+    "SchemaMismatch",
+]
+
+
+class RagError(Exception):
+    """Base of every error ragqa raises on purpose; its message is meant for a user."""
+
+
+class ConfigError(RagError):
+    """The configuration is invalid, or names something that does not exist."""
+
+
+class FilterError(RagError, ValueError):
+    """A metadata filter is invalid. Raised instead of returning an empty result."""
+
+
+class DataDirLocked(RagError):
+    """Another process is writing to the data directory."""
+
+
+class IngestError(RagError):
+    """A source cannot be crawled (its root is unreachable, its path does not exist)."""
+
+
+class FetchError(IngestError):
+    """One document could not be fetched. Recorded per page; it never deletes anything."""
+
+    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+        self.status = status
+
+
+class EmbedderError(RagError):
+    """The embedding model cannot be loaded or run."""
+
+
+class BackendError(RagError):
+    """An index, cache or model server failed."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be reached, refused the credentials, or is not ready."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer within the configured timeout."""
+
+
+class SchemaMismatch(BackendError):
+    """An existing index or collection was created with another schema or dimension."""

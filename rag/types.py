@@ -1,0 +1,262 @@
+"""Data types and the small Protocols every backend implements.
+
+The dataclasses are frozen: a ``Chunk`` that reached an index is never mutated in place,
+it is replaced. The Protocols are deliberately small so that an embedded backend, an
+Elasticsearch cluster and a Milvus cluster can all satisfy them, and one shared test
+suite (``tests/backend_suite.py``) runs against each.
+
+Example::
+
+    from rag.types import Chunk, Filters
+    chunk = Chunk(id="c1", doc_id="d1", source="docs", text="Hello", hash="...")
+    hits = lexical_index.search("hello", k=5, filters=Filters(source=("docs",)))
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Trust",
+    "Document",
+    "Chunk",
+    "Hit",
+    "Filters",
+    "Citation",
+    "Answer",
+    "GenerationParams",
+    "GenerationDelta",
+    "LexicalIndex",
+    "VectorIndex",
+    "Embedder",
+    "Generator",
+    "AnswerCache",
+]
+
+
+class Trust(enum.IntEnum):
+    """How far a source is trusted. Filters compare with ``>=`` (``min_trust``)."""
+
+    low = 0
+    normal = 1
+    high = 2
+
+    @classmethod
+    def parse(cls, value: str | int | Trust) -> Trust:
+        if isinstance(value, Trust):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[str(value).strip().lower()]
+        except KeyError:
+            raise ValueError(f"trust must be one of high, normal, low (got {value!r})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One source document after extraction, before chunking.
+
+    ``text`` is the normalised text that is hashed and indexed; markup and boilerplate
+    such as "Last updated on ..." footers are already gone.
+
+    Example::
+
+        Document(id="docs:readme.md", source="docs", url="file:///srv/docs/readme.md",
+                 title="Readme", text="# Readme\\n...", lang="en")
+    """
+
+    id: str
+    source: str
+    url: str
+    title: str
+    text: str
+    lang: str = "und"
+    published: datetime | None = None
+    modified: datetime | None = None
+    fetched_at: datetime | None = None
+    trust: Trust = Trust.normal
+    tags: tuple[str, ...] = ()
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A passage of a document, the unit that is indexed and retrieved.
+
+    ``id`` is stable for the same document and text; ``hash`` identifies the text alone, so
+    an embedding can be reused wherever the same text appears again.
+
+    Example::
+
+        Chunk(id="9f2c...", doc_id="docs:readme.md", source="docs", text="...", hash="ab12...")
+    """
+
+    id: str
+    doc_id: str
+    source: str
+    text: str
+    hash: str
+    ordinal: int = 0
+    title: str = ""
+    url: str = ""
+    heading: str = ""
+    lang: str = "und"
+    published: datetime | None = None
+    modified: datetime | None = None
+    trust: Trust = Trust.normal
+    tags: tuple[str, ...] = ()
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A scored search result. ``chunk`` is filled when the backend stores the text."""
+
+    chunk_id: str
+    score: float
+    doc_id: str = ""
+    chunk: Chunk | None = None
+    explain: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Metadata filters, one typed object that every backend translates to its own language.
+
+    Empty fields do not filter. Ranges are inclusive. Build from user input with
+    :func:`rag.filters.parse_filters`, which validates and raises ``FilterError``.
+
+    Example::
+
+        Filters(source=("pydocs",), modified_from=datetime(2024, 1, 1, tzinfo=UTC),
+                min_trust=Trust.normal)
+    """
+
+    source: tuple[str, ...] = ()
+    tenant: str | None = None
+    tags: tuple[str, ...] = ()
+    lang: tuple[str, ...] = ()
+    published_from: datetime | None = None
+    published_to: datetime | None = None
+    modified_from: datetime | None = None
+    modified_to: datetime | None = None
+    min_trust: Trust | None = None
+
+    def is_empty(self) -> bool:
+        return self == Filters()
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """A numbered source of an answer."""
+
+    label: int
+    chunk_id: str
+    doc_id: str
+    title: str
+    url: str
+    modified: datetime | None = None
+    snippet: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A generated (or extracted) answer with the sources it cites."""
+
+    text: str
+    citations: tuple[Citation, ...] = ()
+    degraded: bool = False
+    cache: str = "miss"
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    temperature: float = 0.3
+    top_p: float = 0.9
+    max_tokens: int = 512
+    repetition_penalty: float = 1.2
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    """One streamed piece of a generation; the last one carries ``finish_reason`` and usage."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@runtime_checkable
+class LexicalIndex(Protocol):
+    """A keyword (BM25) index of chunks."""
+
+    def upsert(self, chunks: Sequence[Chunk]) -> None: ...
+
+    def delete_documents(self, doc_ids: Iterable[str]) -> None: ...
+
+    def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]: ...
+
+    def count(self) -> int: ...
+
+    def chunk_ids(self, source: str | None = None) -> set[str]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """A store of chunk vectors with filtered nearest-neighbour search and fetch by id."""
+
+    def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None: ...
+
+    def delete_documents(self, doc_ids: Iterable[str]) -> None: ...
+
+    def search(self, vector: np.ndarray, k: int = 10, filters: Filters | None = None) -> list[Hit]: ...
+
+    def get_vectors(self, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def count(self) -> int: ...
+
+    def chunk_ids(self, source: str | None = None) -> set[str]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns text into unit-length float32 vectors."""
+
+    name: str
+    dim: int
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Streams an answer for a prompt."""
+
+    name: str
+
+    def stream(self, prompt: str, params: GenerationParams) -> AsyncIterator[GenerationDelta]: ...
+
+
+@runtime_checkable
+class AnswerCache(Protocol):
+    """Caches answers by key (exact) or by query vector (semantic)."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def put(self, key: str, value: dict[str, Any], ttl_s: int | None = None) -> None: ...
