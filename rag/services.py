@@ -1,0 +1,142 @@
+"""Builds every component from ``Settings``, in one place, lazily.
+
+Nothing connects or loads a model until it is first used, so ``ragqa status`` stays fast
+and a broken backend only fails the commands that need it.
+
+Example::
+
+    services = Services(Settings.load())
+    with services.write_lock():
+        report = reindex(services, "docs", "incremental")
+    services.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from rag.config import Settings
+from rag.errors import ConfigError, DataDirLocked
+from rag.types import Embedder, LexicalIndex, VectorIndex
+
+__all__ = ["Services"]
+
+
+class Services:
+    """The components of one ragqa deployment, built from its settings on first use."""
+
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir)
+        self._embedder = embedder
+        self._lock = FileLock(str(self.data_dir / "write.lock"), thread_local=False)
+
+    # -- the write lock -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the data directory for writing; a second writer gets ``DataDirLocked``."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise DataDirLocked(
+                f"data directory {self.data_dir} is locked by another ragqa process "
+                "(a reindex or the scheduler is running); try again when it finishes"
+            ) from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    # -- components -----------------------------------------------------------------------
+    @cached_property
+    def state(self):  # noqa: ANN201 - imported lazily
+        from ingest.state import StateDB
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        state = StateDB(self.data_dir / "state.db")
+        for source in self.settings.sources:  # sources declared in the settings file
+            state.add_source(source)
+        return state
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from rag.embedders import make_embedder
+
+            self._embedder = make_embedder(self.settings.embedder)
+        return self._embedder
+
+    @cached_property
+    def lexical(self) -> LexicalIndex:
+        cfg = self.settings.lexical
+        if cfg.backend == "tantivy":
+            from rag.lexical.tantivy_index import TantivyIndex
+
+            return TantivyIndex(self.settings.lexical_path)
+        raise ConfigError(f"unknown lexical backend {cfg.backend!r}")
+
+    @cached_property
+    def vector(self) -> VectorIndex:
+        cfg = self.settings.vector
+        if cfg.backend == "numpy":
+            return self.vector_cache or self._numpy_index()
+        if cfg.backend == "milvus":
+            from rag.vectors.milvus import MilvusVectorIndex
+
+            uri = self.settings.milvus_uri
+            if "://" not in uri:
+                Path(uri).parent.mkdir(parents=True, exist_ok=True)
+            token = cfg.token.get_secret_value() if cfg.token else None
+            return MilvusVectorIndex(uri, cfg.collection, self.embedder.dim, token=token)
+        raise ConfigError(f"unknown vector backend {cfg.backend!r}")
+
+    @cached_property
+    def vector_cache(self) -> VectorIndex | None:
+        """The local exact vector store used for reranking, or ``None`` when turned off."""
+        if not self.settings.vector.cache and self.settings.vector.backend != "numpy":
+            return None
+        return self._numpy_index()
+
+    def _numpy_index(self) -> VectorIndex:
+        from rag.vectors.numpy_index import NumpyVectorIndex
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return NumpyVectorIndex(self.data_dir / "vectors.db", self.embedder.dim)
+
+    def vector_indexes(self) -> list[VectorIndex]:
+        """Every vector store that must receive writes (the index and, if separate, the cache)."""
+        out = [self.vector]
+        if self.vector_cache is not None and self.vector_cache is not self.vector:
+            out.append(self.vector_cache)
+        return out
+
+    def backend_names(self) -> dict[str, str]:
+        s = self.settings
+        vector = f"milvus ({s.milvus_uri})" if s.vector.backend == "milvus" else "numpy"
+        return {
+            "lexical": f"{s.lexical.backend} ({s.lexical_path})",
+            "vector": vector,
+            "vector_cache": "numpy (vectors.db)" if s.vector.cache or s.vector.backend == "numpy" else "off",
+            "embedder": s.embedder.model or f"{s.embedder.backend} (default model)",
+        }
+
+    def close(self) -> None:
+        for name in ("lexical", "vector", "vector_cache", "state"):
+            component = self.__dict__.get(name)
+            if component is not None:
+                with contextlib.suppress(Exception):
+                    component.close()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
