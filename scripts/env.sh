@@ -1,0 +1,47 @@
+# shellcheck shell=bash
+# Sourced by the other scripts: finds or builds the Python environment.
+#
+# The environment lives outside the checkout (torch alone is ~2.7 GB of downloads), in
+# $RAGQA_VENV (default ~/.cache/ragqa/venv), and is reused once it is complete.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RAGQA_VENV="${RAGQA_VENV:-$HOME/.cache/ragqa/venv}"
+TORCH_VERSION="2.13.0"
+PYTHON="${PYTHON:-python3}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_venv() {
+  local marker="$RAGQA_VENV/.torch-$TORCH_VERSION-complete"
+  local want have
+  want="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  if [[ -f "$marker" && -x "$RAGQA_VENV/bin/python" ]]; then
+    have="$("$RAGQA_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)"
+    if [[ "$have" == "$want" ]]; then
+      return 0
+    fi
+  fi
+  say "creating $RAGQA_VENV with torch $TORCH_VERSION (one time; large download)"
+  rm -rf "$RAGQA_VENV"
+  "$PYTHON" -m venv "$RAGQA_VENV"
+  "$RAGQA_VENV/bin/pip" install -q --upgrade pip
+  "$RAGQA_VENV/bin/pip" install -q "torch==$TORCH_VERSION"
+  touch "$marker"
+}
+
+# install_project EXTRAS: install this checkout (editable) with the given extras.
+install_project() {
+  local extras="${1:-}"
+  local spec="$ROOT"
+  [[ -n "$extras" ]] && spec="$ROOT[$extras]"
+  say "installing ragqa${extras:+[$extras]} into $RAGQA_VENV"
+  "$RAGQA_VENV/bin/pip" install -q -e "$spec" "torch==$TORCH_VERSION"
+}
+
+activate() {
+  # shellcheck disable=SC1091
+  source "$RAGQA_VENV/bin/activate"
+}
