@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -269,5 +269,3 @@ class StateDB:
         return int(docs), int(chunks)
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)

@@ -1,0 +1,253 @@
+"""``reindex(source, mode)``: the one idempotent ingestion entry point.
+
+The CLI, the scheduler and the admin API all call it. A run crawls the source, hashes
+each document's normalised text, and re-chunks and re-embeds only documents whose hash
+changed; chunks whose text is unchanged reuse their stored vectors. Documents that the
+source no longer has are deleted from every index, but only after a crawl that could see
+the whole source and had no errors: a failing crawl never deletes anything.
+
+Indexes are written before the state database, so a run that dies half way leaves the
+old state in place and the next run redoes the unfinished documents.
+
+Example::
+
+    report = reindex(services, "pydocs", "incremental")
+    print(report.changed, report.chunks_embedded)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from tqdm import tqdm
+
+from ingest.chunking import Chunker
+from ingest.normalize import text_hash
+from ingest.sources import open_source
+from ingest.sources.base import Fetched, Validator
+from rag.errors import ConfigError
+from rag.services import Services
+from rag.types import Chunk, Document
+
+__all__ = ["reindex", "RunReport", "Mode"]
+
+log = logging.getLogger("ragqa.ingest")
+Mode = Literal["full", "incremental"]
+EMBED_BATCH_CHUNKS = 256
+
+
+@dataclass
+class RunReport:
+    """What one run did. ``--json`` prints it as is."""
+
+    source: str
+    mode: str
+    fetched: int = 0
+    unchanged: int = 0
+    changed: int = 0
+    added: int = 0
+    deleted: int = 0
+    failed: int = 0
+    chunks_embedded: int = 0
+    chunks_reused: int = 0
+    chunks_deleted: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+    deletions_skipped: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Pending:
+    doc: Document
+    hash: str
+    fetched: Fetched
+    chunks: list[Chunk]
+
+
+class _Indexer:
+    """Embeds and writes changed documents in batches, then records them in the state."""
+
+    def __init__(self, services: Services, report: RunReport) -> None:
+        self.s = services
+        self.report = report
+        emb = services.embedder
+        count = getattr(emb, "count_tokens", None)
+        cfg = services.settings.chunking
+        kwargs = {"count_tokens": count} if count is not None else {}
+        # A chunk longer than the model reads would be embedded truncated.
+        size = min(cfg.size_tokens, getattr(emb, "max_text_tokens", None) or cfg.size_tokens)
+        self.chunker = Chunker(size, min(cfg.overlap_tokens, size // 2), **kwargs)
+        self.pending: list[_Pending] = []
+        self.pending_chunks = 0
+
+    def add(self, doc: Document, h: str, fetched: Fetched) -> None:
+        chunks = self.chunker.chunk(doc)
+        self.pending.append(_Pending(doc, h, fetched, chunks))
+        self.pending_chunks += len(chunks)
+        if self.pending_chunks >= EMBED_BATCH_CHUNKS:
+            self.flush()
+
+    def _reusable(self, batch: Sequence[_Pending]) -> dict[str, np.ndarray]:
+        """Vectors already computed for these chunk texts, keyed by text hash."""
+        hashes = {c.hash for p in batch for c in p.chunks}
+        cache = self.s.vector_cache
+        if cache is not None and hasattr(cache, "vectors_by_hash"):
+            return cache.vectors_by_hash(sorted(hashes))
+        old: dict[str, str] = {}
+        for p in batch:
+            for cid, h in self.s.state.chunk_hashes(p.doc.id).items():
+                if h in hashes:
+                    old[cid] = h
+        found = self.s.vector.get_vectors(list(old)) if old else {}
+        return {old[cid]: vec for cid, vec in found.items()}
+
+    def flush(self) -> None:
+        batch, self.pending, self.pending_chunks = self.pending, [], 0
+        if not batch:
+            return
+        reuse = self._reusable(batch)
+        todo = sorted({c.hash: c.text for p in batch for c in p.chunks if c.hash not in reuse}.items())
+        if todo:
+            vecs = self.s.embedder.embed_documents([t for _, t in todo])
+            reuse.update({h: vecs[i] for i, (h, _) in enumerate(todo)})
+        self.report.chunks_embedded += len(todo)
+        self.report.chunks_reused += sum(len(p.chunks) for p in batch) - len(todo)
+
+        doc_ids = [p.doc.id for p in batch]
+        chunks = [c for p in batch for c in p.chunks]
+        self.s.lexical.delete_documents(doc_ids)
+        self.s.lexical.upsert(chunks)
+        if chunks:
+            matrix = np.stack([reuse[c.hash] for c in chunks]).astype(np.float32)
+        else:
+            matrix = np.zeros((0, self.s.embedder.dim), dtype=np.float32)
+        for index in self.s.vector_indexes():
+            index.delete_documents(doc_ids)
+            if chunks:
+                index.upsert(chunks, matrix)
+        for p in batch:
+            self.s.state.save_document(p.doc, p.hash, p.fetched.etag, p.fetched.last_modified, p.chunks)
+
+
+def _check_embedder(services: Services) -> None:
+    """Refuse to mix vectors of two models in one index."""
+    emb = services.embedder
+    current = f"{emb.name}:{emb.dim}"
+    stored = services.state.get_meta("embedder")
+    if stored is None:
+        services.state.set_meta("embedder", current)
+    elif stored != current:
+        raise ConfigError(
+            f"the index in {services.data_dir} was built with embedder {stored}, but the settings "
+            f"select {current}; use another data directory (RAG_DATA_DIR) or the original embedder"
+        )
+
+
+def delete_documents(services: Services, doc_ids: Sequence[str]) -> None:
+    """Remove documents from every index, then from the state."""
+    if not doc_ids:
+        return
+    services.lexical.delete_documents(doc_ids)
+    for index in services.vector_indexes():
+        index.delete_documents(doc_ids)
+    services.state.delete_documents(doc_ids)
+
+
+def reindex(services: Services, source: str, mode: Mode = "incremental", *,
+            progress: bool = False) -> RunReport:
+    """Crawl one source and bring every index up to date. Safe to run again at any time.
+
+    ``incremental`` sends conditional requests (and skips unmodified files), so unchanged
+    pages cost a 304; ``full`` fetches and re-extracts everything. Both re-embed only
+    what changed, and both delete documents that a complete, error-free crawl no longer saw.
+    """
+    if mode not in ("full", "incremental"):
+        raise ConfigError(f"mode must be 'full' or 'incremental', not {mode!r}")
+    cfg = services.state.source(source)
+    state = services.state
+    report = RunReport(source=source, mode=mode)
+    started = time.monotonic()
+    run_id = state.start_run(source, mode)
+    try:
+        _check_embedder(services)
+        known = state.documents(source)
+        by_url = {d.url: d for d in known.values()}
+        validators = {d.url: Validator(d.etag, d.last_modified) for d in known.values()}
+        seen: set[str] = set()
+        gone: set[str] = set()
+        indexer = _Indexer(services, report)
+        crawler = open_source(cfg, services.settings.crawl)
+        bar = tqdm(desc=f"{source} ({mode})", unit="page", file=sys.stderr,
+                   disable=None if progress else True)  # None: only on a terminal
+        for item in crawler.crawl(validators, conditional=(mode == "incremental")):
+            bar.update(1)
+            old = by_url.get(item.url)
+            if item.status == "error":
+                report.failed += 1
+                if len(report.errors) < 20:
+                    report.errors.append(item.error or item.url)
+                if old is not None:
+                    seen.add(old.id)
+            elif item.status == "gone":
+                if old is not None:
+                    gone.add(old.id)
+            elif item.status == "not_modified":
+                report.fetched += 1
+                report.unchanged += 1
+                if old is not None:
+                    seen.add(old.id)
+            else:
+                report.fetched += 1
+                doc = item.document
+                if doc is None or not doc.text.strip():
+                    if old is not None:
+                        gone.add(old.id)
+                    continue
+                seen.add(doc.id)
+                h = text_hash(doc.title, doc.text)
+                previous = known.get(doc.id)
+                if previous is not None and previous.text_hash == h:
+                    report.unchanged += 1
+                    if (previous.etag, previous.last_modified) != (item.etag, item.last_modified):
+                        state.touch_document(doc.id, item.etag, item.last_modified, doc.fetched_at)
+                    continue
+                if previous is None:
+                    report.added += 1
+                else:
+                    report.changed += 1
+                indexer.add(doc, h, item)
+        bar.close()
+        indexer.flush()
+
+        report.complete = crawler.complete
+        to_delete = set(gone)
+        # A feed is a rolling window: an entry that left it still exists at the source.
+        deletes_missing = cfg.kind != "feed"
+        if deletes_missing and report.complete and report.failed == 0:
+            to_delete |= set(known) - seen
+        elif deletes_missing and set(known) - seen - gone:
+            report.deletions_skipped = True
+        to_delete -= seen
+        report.chunks_deleted = sum(len(state.chunk_hashes(d)) for d in to_delete)
+        delete_documents(services, sorted(to_delete))
+        report.deleted = len(to_delete)
+    except BaseException as exc:
+        report.seconds = round(time.monotonic() - started, 3)
+        report.errors.append(str(exc) or type(exc).__name__)
+        state.finish_run(run_id, "error", report.as_dict())
+        raise
+    report.seconds = round(time.monotonic() - started, 3)
+    status = "ok" if report.complete and report.failed == 0 else "partial"
+    state.finish_run(run_id, status, report.as_dict())
+    log.info("reindex finished", extra={"report": report.as_dict()})
+    return report

@@ -1,0 +1,93 @@
+"""Shared fixtures: the real Python docs releases, and services on a fresh data dir."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rag.config import Settings
+from rag.services import Services
+from tests.httpserver import LocalServer, serve_dir, unpack_pydocs
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Idle OpenMP threads spin by default, which starves a 2-core machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+PYDOCS = DATA / "crawl-pydocs311"
+
+
+@pytest.fixture(scope="session")
+def pydocs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The two Python docs releases, unpacked once per session, and the list of changes."""
+    base = tmp_path_factory.mktemp("pydocs")
+    out: dict[str, object] = {version: unpack_pydocs(version, base) for version in ("v1", "v2")}
+    with open(PYDOCS / "changes.tsv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    out["pages"] = [r["path"] for r in rows]
+    out["changed"] = sorted(r["path"] for r in rows if r["status"] == "content_changed")
+    return out
+
+
+def publish(src: Path, dest: Path, pages: list[str] | None = None) -> None:
+    """Copy a site (or some of its pages) to the served folder, as a deploy would: the files
+    get fresh modification times, so conditional requests see them as new."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    if pages is None:
+        shutil.copytree(src, dest)
+    else:
+        for page in pages:
+            target = dest / page
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / page, target)
+    now = time.time()
+    for path in dest.rglob("*"):
+        if path.is_file():
+            os.utime(path, (now, now))
+
+
+def write_sitemap(folder: Path, base_url: str, pages: list[str]) -> str:
+    urls = "".join(f"<url><loc>{base_url}/{p}</loc></url>" for p in pages)
+    (folder / "sitemap.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>',
+        encoding="utf-8",
+    )
+    return f"{base_url}/sitemap.xml"
+
+
+def make_settings(data_dir: Path, **overrides: object) -> Settings:
+    base: dict[str, object] = {
+        "data_dir": data_dir,
+        "embedder": {"backend": "hash", "dim": 256, "progress": False},
+        "vector": {"backend": "numpy"},
+        "crawl": {"retries": 1, "backoff_s": 0.01, "timeout_s": 5, "concurrency": 4},
+    }
+    base.update(overrides)
+    return Settings.load(None, **base)
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    """Services on a fresh data dir with the deterministic hash embedder and numpy vectors."""
+    svc = Services(make_settings(tmp_path / "data"))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def static_server_factory() -> Iterator[Callable[[Path], LocalServer]]:
+    """Start real HTTP servers on 127.0.0.1 serving folders; all stop with the module."""
+    with contextlib.ExitStack() as stack:
+        yield lambda root: stack.enter_context(serve_dir(root))
