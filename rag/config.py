@@ -83,8 +83,23 @@ class EmbedderSettings(BaseModel):
 
 
 class LexicalSettings(BaseModel):
-    backend: Literal["tantivy"] = "tantivy"
-    path: Path | None = Field(default=None, description="Index folder; default: <data_dir>/lexical.")
+    backend: Literal["tantivy", "elasticsearch"] = "tantivy"
+    path: Path | None = Field(default=None, description="tantivy: index folder; default <data_dir>/lexical.")
+    url: str | None = Field(default=None, description="elasticsearch: http(s)://host:9200, comma-separated for several.")
+    index: str = Field(default="ragqa-chunks", description="elasticsearch: the alias that serves the chunks.")
+    api_key: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    ca_certs: Path | None = None
+    verify_certs: bool = True
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+
+    @model_validator(mode="after")
+    def _es_needs_url(self) -> LexicalSettings:
+        if self.backend == "elasticsearch" and not self.url:
+            raise ValueError("lexical.url is required when lexical.backend is elasticsearch")
+        return self
 
 
 class VectorSettings(BaseModel):

@@ -80,6 +80,18 @@ class Services:
             from rag.lexical.tantivy_index import TantivyIndex
 
             return TantivyIndex(self.settings.lexical_path)
+        if cfg.backend == "elasticsearch":
+            from rag.lexical.elasticsearch import ElasticsearchIndex
+
+            urls = [u.strip() for u in (cfg.url or "").split(",") if u.strip()]
+            return ElasticsearchIndex(
+                urls if len(urls) > 1 else urls[0], cfg.index,
+                api_key=cfg.api_key.get_secret_value() if cfg.api_key else None,
+                username=cfg.username,
+                password=cfg.password.get_secret_value() if cfg.password else None,
+                ca_certs=str(cfg.ca_certs) if cfg.ca_certs else None, verify_certs=cfg.verify_certs,
+                request_timeout=cfg.request_timeout_s, max_retries=cfg.max_retries,
+            )
         raise ConfigError(f"unknown lexical backend {cfg.backend!r}")
 
     @cached_property
@@ -120,8 +132,10 @@ class Services:
     def backend_names(self) -> dict[str, str]:
         s = self.settings
         vector = f"milvus ({s.milvus_uri})" if s.vector.backend == "milvus" else "numpy"
+        lexical = (f"elasticsearch ({s.lexical.url}, alias {s.lexical.index})"
+                   if s.lexical.backend == "elasticsearch" else f"tantivy ({s.lexical_path})")
         return {
-            "lexical": f"{s.lexical.backend} ({s.lexical_path})",
+            "lexical": lexical,
             "vector": vector,
             "vector_cache": "numpy (vectors.db)" if s.vector.cache or s.vector.backend == "numpy" else "off",
             "embedder": s.embedder.model or f"{s.embedder.backend} (default model)",

@@ -10,6 +10,18 @@ install_project "dev,es,multilingual,redis"
 activate
 cd "$ROOT"
 
+# A real single-node Elasticsearch on loopback for the integration tests (fetched once from
+# Maven Central and cached); it is stopped again when the tests end.
+export RAGQA_ES_PORT="${RAGQA_ES_PORT:-9250}"
+if [[ -z "${RAG_TEST_ES_URL:-}" ]]; then
+  if bash "$ROOT/scripts/elasticsearch.sh" start; then
+    export RAG_TEST_ES_URL="http://127.0.0.1:$RAGQA_ES_PORT"
+    trap 'bash "$ROOT/scripts/elasticsearch.sh" stop || true' EXIT
+  else
+    say "WARNING: Elasticsearch could not be started; its tests will be skipped"
+  fi
+fi
+
 say "running the tests"
 set +e
 python -m pytest -p no:cacheprovider "$@"
