@@ -106,6 +106,12 @@ def _full_chunk() -> Chunk:
     )
 
 
+def _odd_ids(corpus: list[Chunk]) -> list[Chunk]:
+    """The corpus with the chunks of ``doc1`` under ids that need escaping in query languages."""
+    odd = {3: 'c"003\\', 4: "c'004 ", 5: "c[005]\n"}
+    return [replace(c, id=odd.get(i, c.id)) for i, c in enumerate(corpus)]
+
+
 class LexicalIndexSuite:
     """Behaviour shared by every :class:`~rag.types.LexicalIndex`. ``index`` must start empty."""
 
@@ -149,6 +155,24 @@ class LexicalIndexSuite:
         assert index.chunk_ids() == {c.id for c in corpus if c.doc_id != "doc1"}
         assert index.search("w4x") == []
         assert index.count() == 6
+
+    def test_delete_chunks_keeps_the_rest_of_the_document(self, index: LexicalIndex) -> None:
+        corpus = _odd_ids(make_corpus(9))
+        index.upsert(corpus)
+        index.delete_chunks([corpus[3].id, corpus[5].id])
+        remaining = {c.id for c in corpus} - {corpus[3].id, corpus[5].id}
+        assert index.chunk_ids() == remaining
+        assert index.count() == len(index.chunk_ids()) == 7
+        assert [h.chunk_id for h in index.search("w4x")] == [corpus[4].id]
+        assert index.search("w3x") == [] and index.search("w5x") == []
+
+    def test_delete_unknown_chunks_is_a_no_op(self, index: LexicalIndex) -> None:
+        corpus = make_corpus(6)
+        index.upsert(corpus)
+        index.delete_chunks([])
+        index.delete_chunks(["missing", "doc0", 'c"000'])  # a doc id is not a chunk id
+        assert index.chunk_ids() == {c.id for c in corpus}
+        assert index.count() == len(index.chunk_ids()) == 6
 
     def test_filters_agree_with_reference(self, index: LexicalIndex) -> None:
         corpus = make_corpus()
@@ -277,6 +301,23 @@ class VectorIndexSuite:
         assert index.chunk_ids() == remaining and index.count() == 6
         assert {h.chunk_id for h in index.search(vectors[0], k=50)} == remaining
         assert index.get_vectors([corpus[0].id]) == {}
+
+    def test_delete_chunks_keeps_the_rest_of_the_document(self, index: VectorIndex) -> None:
+        corpus, vectors = _odd_ids(make_corpus(9)), unit_vectors(9, self.dim)
+        index.upsert(corpus, vectors)
+        index.delete_chunks([corpus[3].id, corpus[5].id])
+        remaining = {c.id for c in corpus} - {corpus[3].id, corpus[5].id}
+        assert index.chunk_ids() == remaining
+        assert index.count() == len(index.chunk_ids()) == 7
+        assert {h.chunk_id for h in index.search(vectors[3], k=50)} == remaining
+        assert set(index.get_vectors([c.id for c in corpus[3:6]])) == {corpus[4].id}
+
+    def test_delete_unknown_chunks_is_a_no_op(self, index: VectorIndex) -> None:
+        corpus, _ = self._load(index, 6)
+        index.delete_chunks([])
+        index.delete_chunks(["missing", "doc0", 'c"000'])  # a doc id is not a chunk id
+        assert index.chunk_ids() == {c.id for c in corpus}
+        assert index.count() == len(index.chunk_ids()) == 6
 
     def test_upsert_same_id_replaces(self, index: VectorIndex) -> None:
         corpus, vectors = self._load(index, 6)

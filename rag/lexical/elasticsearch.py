@@ -192,6 +192,12 @@ class ElasticsearchIndex:
             self._bulk(({"_op_type": "delete", "_index": self.index, "_id": cid} for cid in doomed),
                        len(doomed), "delete chunks")
 
+    def delete_chunks(self, chunk_ids: Iterable[str]) -> None:
+        ids = list(dict.fromkeys(chunk_ids))
+        if ids:
+            self._bulk(({"_op_type": "delete", "_index": self.index, "_id": cid} for cid in ids),
+                       len(ids), "delete chunks")
+
     def _bulk(self, actions: Iterable[dict[str, Any]], n: int, doing: str) -> None:
         es = self._es()
         single = n <= _BULK_DOCS

@@ -15,9 +15,9 @@ Example::
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rag.codec import from_micros, micros
 from rag.lexical.tokenize import cjk_field_text, english_terms, normalize, query_terms
 from rag.types import Chunk, Filters, Trust
 
@@ -42,8 +42,6 @@ _KEYWORDS = ("id", "doc_id", "source", "tenant", "tags", "lang")
 _DATES = ("published", "modified")
 _BODIES = ("body_en", "body_zh")
 _MAX_TERMS = 128  # per field, as in the embedded index
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 _BAD_NAME = re.compile(r'[\\/*?"<>| ,#:A-Z]|^[-_+.]')
 
 _PROPERTIES: dict[str, dict[str, Any]] = {
@@ -126,7 +124,7 @@ def document(c: Chunk) -> dict[str, Any]:
     for name in _DATES:
         value = getattr(c, name)
         if value is not None:
-            doc[name] = _micros(value)
+            doc[name] = micros(value)
     return doc
 
 
@@ -135,8 +133,8 @@ def decode(src: dict[str, Any]) -> Chunk:
     return Chunk(
         id=src["id"], doc_id=src["doc_id"], source=src["source"], text=meta["text"], hash=meta["hash"],
         ordinal=meta["ordinal"], title=meta["title"], url=meta["url"], heading=meta["heading"],
-        lang=src["lang"], published=_from_micros(src.get("published")),
-        modified=_from_micros(src.get("modified")), trust=Trust(src["trust"]),
+        lang=src["lang"], published=from_micros(src.get("published")),
+        modified=from_micros(src.get("modified")), trust=Trust(src["trust"]),
         tags=tuple(src.get("tags") or ()), tenant=src.get("tenant"),
     )
 
@@ -174,17 +172,7 @@ def filter_clauses(f: Filters | None) -> list[dict[str, Any]]:
         out.append({"range": {"trust": {"gte": int(f.min_trust)}}})
     for name in _DATES:
         lo, hi = getattr(f, f"{name}_from"), getattr(f, f"{name}_to")
-        bounds = {op: _micros(v) for op, v in (("gte", lo), ("lte", hi)) if v is not None}
+        bounds = {op: micros(v) for op, v in (("gte", lo), ("lte", hi)) if v is not None}
         if bounds:
             out.append({"range": {name: bounds}})
     return out
-
-
-def _micros(value: datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return (value - _EPOCH) // _US
-
-
-def _from_micros(value: int | None) -> datetime | None:
-    return None if value is None else _EPOCH + timedelta(microseconds=value)
