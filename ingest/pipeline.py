@@ -24,14 +24,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from tqdm import tqdm
 
 from ingest.chunking import Chunker
 from ingest.normalize import text_hash
 from ingest.sources import open_source
 from ingest.sources.base import Fetched, Validator
+from ingest.vectors import vectors_for
 from rag.errors import ConfigError
+from rag.metrics import CHUNKS_EMBEDDED, INDEX_LAST_SUCCESS, REINDEX_RUNS
 from rag.services import Services
 from rag.types import Chunk, Document
 
@@ -97,40 +98,18 @@ class _Indexer:
         if self.pending_chunks >= EMBED_BATCH_CHUNKS:
             self.flush()
 
-    def _reusable(self, batch: Sequence[_Pending]) -> dict[str, np.ndarray]:
-        """Vectors already computed for these chunk texts, keyed by text hash."""
-        hashes = {c.hash for p in batch for c in p.chunks}
-        cache = self.s.vector_cache
-        if cache is not None and hasattr(cache, "vectors_by_hash"):
-            return cache.vectors_by_hash(sorted(hashes))
-        old: dict[str, str] = {}
-        for p in batch:
-            for cid, h in self.s.state.chunk_hashes(p.doc.id).items():
-                if h in hashes:
-                    old[cid] = h
-        found = self.s.vector.get_vectors(list(old)) if old else {}
-        return {old[cid]: vec for cid, vec in found.items()}
-
     def flush(self) -> None:
         batch, self.pending, self.pending_chunks = self.pending, [], 0
         if not batch:
             return
-        reuse = self._reusable(batch)
-        todo = sorted({c.hash: c.text for p in batch for c in p.chunks if c.hash not in reuse}.items())
-        if todo:
-            vecs = self.s.embedder.embed_documents([t for _, t in todo])
-            reuse.update({h: vecs[i] for i, (h, _) in enumerate(todo)})
-        self.report.chunks_embedded += len(todo)
-        self.report.chunks_reused += sum(len(p.chunks) for p in batch) - len(todo)
+        chunks = [c for p in batch for c in p.chunks]
+        matrix, embedded = vectors_for(self.s, chunks)
+        self.report.chunks_embedded += embedded
+        self.report.chunks_reused += len(chunks) - embedded
 
         doc_ids = [p.doc.id for p in batch]
-        chunks = [c for p in batch for c in p.chunks]
         self.s.lexical.delete_documents(doc_ids)
         self.s.lexical.upsert(chunks)
-        if chunks:
-            matrix = np.stack([reuse[c.hash] for c in chunks]).astype(np.float32)
-        else:
-            matrix = np.zeros((0, self.s.embedder.dim), dtype=np.float32)
         for index in self.s.vector_indexes():
             index.delete_documents(doc_ids)
             if chunks:
@@ -245,9 +224,14 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         report.seconds = round(time.monotonic() - started, 3)
         report.errors.append(str(exc) or type(exc).__name__)
         state.finish_run(run_id, "error", report.as_dict())
+        REINDEX_RUNS.labels(source, mode, "error").inc()
         raise
     report.seconds = round(time.monotonic() - started, 3)
     status = "ok" if report.complete and report.failed == 0 else "partial"
     state.finish_run(run_id, status, report.as_dict())
+    REINDEX_RUNS.labels(source, mode, status).inc()
+    CHUNKS_EMBEDDED.labels(source).inc(report.chunks_embedded)
+    if status == "ok":
+        INDEX_LAST_SUCCESS.labels(source).set(time.time())
     log.info("reindex finished", extra={"report": report.as_dict()})
     return report

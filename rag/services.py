@@ -100,6 +100,8 @@ class Services:
         if cfg.backend == "numpy":
             return self.vector_cache or self._numpy_index()
         if cfg.backend == "milvus":
+            # gRPC's own logging (keepalive chatter with Milvus Lite) is noise on stderr.
+            os.environ.setdefault("GRPC_VERBOSITY", "NONE")
             from rag.vectors.milvus import MilvusVectorIndex
 
             uri = self.settings.milvus_uri
