@@ -91,6 +91,8 @@ class Chunker:
             for piece in self._splitter.split_text(body):
                 if piece.strip():
                     out.append((heading, piece.strip()))
+        if not out and text.strip():  # headings only: the headings are the content
+            out = [("", piece.strip()) for piece in self._splitter.split_text(text.strip()) if piece.strip()]
         return out
 
     def chunk(self, doc: Document) -> list[Chunk]:

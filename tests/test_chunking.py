@@ -52,3 +52,8 @@ def test_ids_are_stable_and_depend_on_document_and_text():
 def test_overlap_must_be_smaller_than_size():
     with pytest.raises(ValueError, match="overlap"):
         Chunker(size_tokens=10, overlap_tokens=10)
+
+
+def test_a_document_of_headings_only_still_has_a_chunk():
+    chunks = Chunker(64, 4).chunk(_doc("# Release notes\n\n## 2.0"))
+    assert [c.text for c in chunks] == ["# Release notes\n\n## 2.0"]
