@@ -6,7 +6,7 @@
 source "$(dirname "$0")/env.sh"
 
 ensure_venv
-install_project "dev,es,multilingual,redis"
+install_project "dev,es,redis"
 activate
 cd "$ROOT"
 
