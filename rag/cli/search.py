@@ -17,18 +17,22 @@ __all__ = ["search"]
 @click.option("--k", "-k", default=5, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--source", "-s", "sources", multiple=True, help="Only these sources.")
 @click.option("--since", help="Only documents modified on or after this ISO date.")
+@click.option("--mode", "-m", type=click.Choice(["bm25", "vector", "hybrid", "rrf"]), default="hybrid",
+              show_default=True, help="bm25 or vector alone, BM25 reordered by vector (hybrid), "
+              "or both fused by reciprocal rank (rrf).")
+@click.option("--explain", "-e", is_flag=True, help="Show each leg's score and rank.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
 def search(obj: Context, query: str, k: int, sources: tuple[str, ...], since: str | None,
-           as_json: bool) -> None:
-    """Search the indexed chunks (BM25 candidates reordered by vector similarity)."""
+           mode: str, explain: bool, as_json: bool) -> None:
+    """Search the indexed chunks (by default BM25 candidates reordered by vector similarity)."""
     from rag.filters import parse_filters
-    from rag.search import search as run
+    from rag.retrieval import HybridRetriever
 
     filters = parse_filters({"source": list(sources) or None, "modified_from": since})
     started = time.perf_counter()
-    hits = run(obj.services, query, k=k, filters=filters)
+    hits = HybridRetriever(obj.services, mode=mode).retrieve(query, k=k, filters=filters)
     ms = (time.perf_counter() - started) * 1000
     rows = [{
         "rank": i + 1, "score": round(h.score, 4), "chunk_id": h.chunk_id, "doc_id": h.doc_id,
@@ -36,18 +40,31 @@ def search(obj: Context, query: str, k: int, sources: tuple[str, ...], since: st
         "heading": h.chunk.heading if h.chunk else "", "text": h.chunk.text if h.chunk else "",
         "scores": {key: round(v, 4) for key, v in h.explain.items()},
     } for i, h in enumerate(hits)]
-    emit({"query": query, "ms": round(ms, 1), "hits": rows}, as_json, _search_text)
+    data = {"query": query, "mode": mode, "ms": round(ms, 1), "hits": rows}
+    emit(data, as_json, lambda d: _search_text(d, explain))
 
 
-def _search_text(d: dict[str, Any]) -> str:
+def _search_text(d: dict[str, Any], explain: bool = False) -> str:
     if not d["hits"]:
         return f"no results for {d['query']!r}"
     out = []
     for h in d["hits"]:
         snippet = " ".join(h["text"].split())[:200]
-        scores = ", ".join(f"{k} {v}" for k, v in h["scores"].items())
+        scores = ", ".join(f"{k} {v}" for k, v in h["scores"].items() if not k.endswith("_rank"))
         out.append(f"[{h['rank']}] {h['title'] or h['doc_id']}  ({scores})\n    {h['url']}\n    {snippet}")
+        if explain:
+            out.append("    " + _legs(h["scores"]))
     out.append(f"({len(d['hits'])} results in {d['ms']} ms)")
     return "\n".join(out)
 
 
+def _legs(scores: dict[str, float]) -> str:
+    """Each leg's score and rank; in rrf mode ``-`` marks a leg that did not find the chunk."""
+    parts = []
+    for leg in ("bm25", "vector"):
+        if leg in scores:
+            parts.append(f"{leg} {scores[leg]} (rank {int(scores[f'{leg}_rank'])})")
+        elif "rrf" in scores:
+            parts.append(f"{leg} -")
+    parts += [f"{name} {scores[name]}" for name in ("cosine", "rrf") if name in scores]
+    return "legs: " + "; ".join(parts)
