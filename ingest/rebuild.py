@@ -60,9 +60,7 @@ def rebuild(services: Services, *, progress: bool = False) -> RebuildReport:
     """Rebuild the lexical and vector indexes from the state database. Hold the write lock."""
     started = time.monotonic()
     report = RebuildReport()
-    targets: dict[str, Any] = {"lexical": services.lexical}
-    for i, index in enumerate(services.vector_indexes()):
-        targets["vector" if i == 0 else "vector_cache"] = index
+    targets: dict[str, Any] = services.indexes()
     for name, index in targets.items():
         orphans = index.cleanup()
         report.removed_orphans += [f"{name}:{o}" for o in orphans]

@@ -59,14 +59,6 @@ class VerifyReport:
         return {"drift": self.drift, "repaired": self.repaired, "indexes": rows}
 
 
-def _indexes(services: Services) -> dict[str, Any]:
-    out: dict[str, Any] = {"lexical": services.lexical, "vector": services.vector}
-    cache = services.vector_cache
-    if cache is not None and cache is not services.vector:
-        out["vector_cache"] = cache
-    return out
-
-
 def verify(services: Services, source: str | None = None, repair: bool = False) -> VerifyReport:
     """Compare the state with every index, per source; with ``repair``, fix what differs."""
     state = services.state
@@ -76,7 +68,7 @@ def verify(services: Services, source: str | None = None, repair: bool = False) 
     report = VerifyReport()
     for name in names:
         expected: dict[str, Chunk] = {c.id: c for c in state.iter_chunks(name)}
-        for label, index in _indexes(services).items():
+        for label, index in services.indexes().items():
             present = index.chunk_ids(name)
             drift = IndexDrift(label, name, sorted(set(expected) - present), sorted(present - set(expected)))
             missing_docs = {expected[c].doc_id for c in drift.missing}

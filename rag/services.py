@@ -131,6 +131,12 @@ class Services:
             out.append(self.vector_cache)
         return out
 
+    def indexes(self) -> dict[str, LexicalIndex | VectorIndex]:
+        """Every index that must receive writes, by name: ``lexical``, ``vector`` and, when
+        it is a separate store, ``vector_cache``."""
+        names = ("vector", "vector_cache")
+        return {"lexical": self.lexical, **dict(zip(names, self.vector_indexes(), strict=False))}
+
     def backend_names(self) -> dict[str, str]:
         s = self.settings
         vector = f"milvus ({s.milvus_uri})" if s.vector.backend == "milvus" else "numpy"

@@ -142,11 +142,10 @@ def schedule(obj: Context, run_now: bool) -> None:
     from ingest import scheduler as sched
 
     services = obj.services
+    scheduler = sched.build_scheduler(services)  # also what run_job runs against
     if run_now:
         for src in services.state.sources():
-            sched._SERVICES = services
             sched.run_job(src.name, "incremental")
-    scheduler = sched.build_scheduler(services)
     ids = sched.start(scheduler, services)
     for job in scheduler.get_jobs():
         click.echo(f"scheduled {job.id}: next run {job.next_run_time}", err=True)
