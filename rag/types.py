@@ -35,6 +35,8 @@ __all__ = [
     "LexicalIndex",
     "VectorIndex",
     "Embedder",
+    "Reranker",
+    "TokenCounter",
     "Generator",
     "AnswerCache",
 ]
@@ -246,6 +248,28 @@ class Embedder(Protocol):
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray: ...
 
     def embed_query(self, text: str) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Reorders candidate hits for a query, best first.
+
+    Hits arrive with their chunks (the text is what gets scored). The result holds the best
+    ``top_n`` (all when ``None``), each with the reranker's score as ``score`` and also under
+    its own key in ``explain`` (``cosine``, ``cohere``, ``cross_encoder``), keeping the keys
+    the hits already had.
+    """
+
+    name: str
+
+    def rerank(self, query: str, hits: Sequence[Hit], top_n: int | None = None) -> list[Hit]: ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens the way a model does, to keep prompts inside its budget."""
+
+    def count_tokens(self, text: str) -> int: ...
 
 
 @runtime_checkable
