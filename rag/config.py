@@ -172,6 +172,52 @@ class RetrievalSettings(BaseModel):
     reranker: RerankerSettings = Field(default_factory=RerankerSettings)
 
 
+class GeneratorSettings(BaseModel):
+    """The language model that writes answers, and how to reach or load it."""
+
+    backend: Literal["llamacpp", "vllm", "openai", "extractive"] = Field(
+        default="llamacpp",
+        description="llamacpp (GGUF on CPU, the embedded default), vllm (in-process engine, GPU), "
+        "openai (any OpenAI-compatible server such as `vllm serve`), extractive (no model).",
+    )
+    model: str | None = Field(
+        default=None,
+        description="vllm: hub id or local folder; openai: the served model name; llamacpp: a .gguf "
+        "path or hub id (default: the packaged model).",
+    )
+    tokenizer: str | None = Field(default=None, description="vllm: another tokenizer than the model's.")
+    base_url: str | None = Field(default=None, description="openai: e.g. http://127.0.0.1:8001/v1.")
+    api_key: SecretStr | None = None
+    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes"] | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = Field(default=None, ge=128, description="Context window; default: the model's.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    load_format: str = Field(default="auto", description="vllm: 'dummy' runs random weights (tests).")
+    enforce_eager: bool = False
+    threads: int | None = Field(default=None, ge=1, description="llamacpp: CPU threads; default: usable cores.")
+    timeout_s: float = Field(default=60.0, gt=0, description="openai: seconds to wait for each token.")
+    connect_retries: int = Field(default=2, ge=0, le=10, description="openai: retries before the first token.")
+    fallback: bool = Field(default=True, description="Answer extractively (flagged degraded) when the model is down.")
+
+
+class SamplingSettings(BaseModel):
+    """The sampling policy: temperature by question type and conversation turn, and its limits."""
+
+    factual_temperature: float = Field(default=0.3, ge=0, le=2)
+    creative_temperature: float = Field(default=1.2, ge=0, le=2)
+    first_turn_temperature: float = Field(default=1.0, ge=0, le=2)
+    turn_decay: float = Field(default=0.1, ge=0, le=1)
+    temperature_floor: float = Field(default=0.3, ge=0, le=2)
+    top_p: float = Field(default=0.9, gt=0, le=1)
+    repetition_penalty: float = Field(default=1.2, ge=1, le=2)
+    max_tokens: int = Field(default=512, ge=1)
+    max_tokens_limit: int = Field(default=2048, ge=1, description="The most a request may ask for.")
+    max_temperature: float = Field(default=1.5, ge=0, le=2, description="The most a request may ask for.")
+
+
 class ChunkingSettings(BaseModel):
     size_tokens: int = Field(default=256, ge=16, le=8192)
     overlap_tokens: int = Field(default=32, ge=0)
@@ -228,6 +274,8 @@ class Settings(BaseSettings):
     vector: VectorSettings = Field(default_factory=VectorSettings)
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 

@@ -32,6 +32,8 @@ __all__ = [
     "Answer",
     "GenerationParams",
     "GenerationDelta",
+    "Passage",
+    "Prompt",
     "LexicalIndex",
     "VectorIndex",
     "Embedder",
@@ -181,21 +183,61 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class GenerationParams:
+    """Sampling settings of one generation. ``stop`` strings end it and are not returned."""
+
     temperature: float = 0.3
     top_p: float = 0.9
     max_tokens: int = 512
     repetition_penalty: float = 1.2
     stop: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationDelta:
-    """One streamed piece of a generation; the last one carries ``finish_reason`` and usage."""
+    """One streamed piece of a generation; the last one carries ``finish_reason`` and usage.
+
+    ``finish_reason`` is ``"stop"`` (end of answer or a stop string), ``"length"``
+    (``max_tokens`` reached) or ``"abort"`` (cancelled).
+    """
 
     text: str = ""
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A packed context chunk with its citation label (``[label]`` in the prompt)."""
+
+    label: int
+    chunk: Chunk
+    tokens: int = 0
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What a generator answers: chat messages, plus the parts they were built from.
+
+    ``messages`` are OpenAI-style ``{"role", "content"}`` dicts (system first). A generator
+    with a chat template applies it to them; one without renders ``completion`` instead,
+    a plain-text prompt ending where the answer starts. The extractive generator ignores
+    both and answers from ``question`` and ``passages``.
+
+    Example::
+
+        Prompt(messages=({"role": "system", "content": "..."}, {"role": "user", "content": "..."}),
+               completion="...Answer:", question="What is X?", passages=(passage,), lang="en")
+    """
+
+    messages: tuple[dict[str, str], ...]
+    completion: str = ""
+    question: str = ""
+    passages: tuple[Passage, ...] = ()
+    lang: str = "en"
+    stop: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -274,11 +316,31 @@ class TokenCounter(Protocol):
 
 @runtime_checkable
 class Generator(Protocol):
-    """Streams an answer for a prompt."""
+    """Streams an answer for a prompt, token by token.
+
+    ``stream`` is an async generator of text deltas; the last delta has ``finish_reason``
+    and the token counts. Closing the iterator early (``aclose()``, or the consumer being
+    cancelled) aborts the request in the engine. ``count_tokens`` uses the model's own
+    tokenizer and ``context_window`` is the model's length limit in tokens, so the context
+    packer can keep the prompt inside it. ``start()`` loads the model or checks the server,
+    raising one clear ``ConfigError``/``BackendUnavailable`` line; ``close()`` frees it.
+
+    Example::
+
+        async for delta in generator.stream(prompt, GenerationParams(max_tokens=64)):
+            print(delta.text, end="")
+    """
 
     name: str
+    context_window: int
 
-    def stream(self, prompt: str, params: GenerationParams) -> AsyncIterator[GenerationDelta]: ...
+    def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @runtime_checkable
