@@ -3,10 +3,11 @@
 Example::
 
     from rag.retrieval import HybridRetriever
-    hits = HybridRetriever(services, mode="rrf").retrieve("certificate verification", k=5)
+    hits = HybridRetriever.from_services(services).retrieve("certificate verification", k=5)
 """
 
 from rag.retrieval.fusion import rrf
-from rag.retrieval.hybrid import MODES, HybridRetriever, Mode
+from rag.retrieval.hybrid import MODES, HybridRetriever, Mode, Retrieval
+from rag.retrieval.postprocess import boost_recent, drop_near_duplicates
 
-__all__ = ["MODES", "HybridRetriever", "Mode", "rrf"]
+__all__ = ["MODES", "HybridRetriever", "Mode", "Retrieval", "boost_recent", "drop_near_duplicates", "rrf"]

@@ -1,45 +1,80 @@
-"""Retrieval over the lexical and vector indexes, in four modes.
+"""Retrieval over the lexical and vector indexes, in four modes, then rerank and tidy.
 
 * ``bm25``: keyword search alone.
 * ``vector``: nearest neighbours of the query embedding alone.
-* ``hybrid``: BM25 finds ``candidates`` chunks (filters applied) and cosine similarity to
-  the query embedding reorders them; vectors come from the local vector cache when there
-  is one. When no keyword matches, it falls back to ``vector``.
-* ``rrf``: the BM25 and vector top ``candidates`` fused by reciprocal rank fusion.
+* ``hybrid``: BM25 finds ``candidates`` chunks (filters applied) and the reranker reorders
+  them; the default reranker is cosine similarity to the query embedding, from the local
+  vector cache when there is one. When no keyword matches, it falls back to ``vector``.
+* ``rrf``: the BM25 and vector top ``candidates`` fused by reciprocal rank fusion. A model
+  reranker (Cohere, cross-encoder), when configured, then reorders the fused candidates.
 
-Every hit carries its chunk and, in ``explain``, each leg's score and 1-based rank
-(``bm25``/``bm25_rank``, ``vector``/``vector_rank``, ``cosine``, ``rrf``).
+After ranking, an optional recency boost raises recently modified chunks, and near-duplicate
+chunks (the same text, or overlapping chunks of one document) are dropped.
+
+Every hit carries its chunk and, in ``explain``, each step's score and 1-based rank
+(``bm25``/``bm25_rank``, ``vector``/``vector_rank``, ``cosine``, ``rrf``, ``cohere``,
+``cross_encoder``, ``recency``).
 
 Example::
 
-    retriever = HybridRetriever(services, mode="rrf", candidates=50)
+    retriever = HybridRetriever.from_services(services)      # settings.retrieval
     for hit in retriever.retrieve("ssl certificate verification", k=5):
         print(hit.score, hit.chunk.title, hit.explain)
+    result = retriever.search("tls", k=5)                     # hits and per-step timings
+    result.timings["bm25_ms"]
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from rag.errors import ConfigError
+from rag.rerank import EmbeddingReranker, make_reranker
 from rag.retrieval.fusion import rrf
-from rag.services import Services
-from rag.types import Filters, Hit, VectorIndex
+from rag.retrieval.postprocess import boost_recent, drop_near_duplicates
+from rag.types import Filters, Hit, Reranker
 
-__all__ = ["MODES", "HybridRetriever", "Mode"]
+if TYPE_CHECKING:
+    from rag.services import Services
+
+__all__ = ["MODES", "HybridRetriever", "Mode", "Retrieval"]
 
 Mode = Literal["bm25", "vector", "hybrid", "rrf"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
+@dataclass(slots=True)
+class Retrieval:
+    """The hits of one query, best first, and milliseconds spent per step."""
+
+    hits: list[Hit]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.timings[f"{step}_ms"] = self.timings.get(f"{step}_ms", 0.0) + (now - self._last) * 1000
+        self._last = now
+
+
 class HybridRetriever:
-    """Runs one retrieval mode against a deployment's indexes.
+    """Runs one retrieval mode against a deployment's indexes, then reranks and tidies.
 
     ``weights`` are the (BM25, vector) weights of rank fusion; ``rrf_k`` is its damping
-    constant. Construction is cheap and connects to nothing.
+    constant. ``reranker`` is the hybrid mode's second step (default: embedding cosine);
+    a non-embedding reranker also reorders the other modes' candidates. Construction is
+    cheap and connects to nothing.
 
     Example::
 
@@ -47,7 +82,10 @@ class HybridRetriever:
     """
 
     def __init__(self, services: Services, *, mode: str = "hybrid", candidates: int = 100,
-                 rrf_k: float = 60, weights: Sequence[float] = (1.0, 1.0)) -> None:
+                 rrf_k: float = 60, weights: Sequence[float] = (1.0, 1.0),
+                 reranker: Reranker | None = None, recency_half_life_days: float | None = None,
+                 recency_weight: float = 0.2, dedup_threshold: float | None = 0.8,
+                 now: datetime | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}")
         if candidates < 1:
@@ -56,25 +94,87 @@ class HybridRetriever:
             raise ConfigError(f"rrf_k must be >= 0, got {rrf_k}")
         if len(weights) != 2:
             raise ConfigError(f"weights must be (bm25, vector), got {tuple(weights)!r}")
+        if recency_half_life_days is not None and recency_half_life_days <= 0:
+            raise ConfigError(f"recency half-life must be > 0 days, got {recency_half_life_days}")
         self.services = services
         self.mode = mode
         self.candidates = candidates
         self.rrf_k = rrf_k
         self.weights = (float(weights[0]), float(weights[1]))
+        self.reranker: Reranker = reranker if reranker is not None else EmbeddingReranker(services)
+        self.recency_half_life_days = recency_half_life_days
+        self.recency_weight = recency_weight
+        self.dedup_threshold = dedup_threshold
+        self.now = now
+
+    @classmethod
+    def from_services(cls, services: Services, **overrides: Any) -> HybridRetriever:
+        """A retriever configured by ``services.settings.retrieval``; keywords override."""
+        cfg = services.settings.retrieval
+        options: dict[str, Any] = {
+            "mode": cfg.mode, "candidates": cfg.candidates, "rrf_k": cfg.rrf_k, "weights": cfg.weights,
+            "recency_half_life_days": cfg.recency_half_life_days, "recency_weight": cfg.recency_weight,
+            "dedup_threshold": cfg.dedup_threshold,
+        }
+        options.update(overrides)
+        if "reranker" not in options:
+            options["reranker"] = make_reranker(services)
+        return cls(services, **options)
 
     def retrieve(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
         """The best ``k`` chunks for ``query``, best first, one hit per chunk id."""
+        return self.search(query, k, filters).hits
+
+    def search(self, query: str, k: int = 10, filters: Filters | None = None) -> Retrieval:
+        """Like :meth:`retrieve`, with the milliseconds each step took."""
+        clock = _Clock()
         if k <= 0:
-            return []
+            return Retrieval([], clock.timings)
+        n = max(self.candidates, k)
+        qvec: np.ndarray | None = None
+        if self.mode in ("vector", "rrf") or (self.mode == "hybrid" and self._embedding_rerank):
+            qvec = self.services.embedder.embed_query(query)
+            clock.lap("embed")
         if self.mode == "bm25":
-            hits = self._lexical(query, k, filters)
+            hits = self._lexical(query, n, filters)
+            clock.lap("bm25")
         elif self.mode == "vector":
-            hits = self._vector(query, k, filters)
+            hits = self._vector(qvec, n, filters)
+            clock.lap("vector")
         elif self.mode == "hybrid":
-            hits = self._hybrid(query, k, filters)
+            hits = self._lexical(query, n, filters)
+            clock.lap("bm25")
+            if not hits:
+                if qvec is None:
+                    qvec = self.services.embedder.embed_query(query)
+                    clock.lap("embed")
+                hits = self._vector(qvec, n, filters)
+                clock.lap("vector")
+            else:
+                hits = self._rerank(query, self._hydrate(hits), qvec)
+                clock.lap("rerank")
         else:
-            hits = self._rrf(query, k, filters)
-        return self._hydrate(hits[:k])
+            lexical = self._lexical(query, n, filters)
+            clock.lap("bm25")
+            vector = self._vector(qvec, n, filters)
+            clock.lap("vector")
+            hits = self._fuse(lexical, vector)
+            clock.lap("fuse")
+            if not self._embedding_rerank:  # a model reranker reorders the fused candidates
+                hits = self._rerank(query, self._hydrate(hits[:n]), qvec)
+                clock.lap("rerank")
+        hits = self._hydrate(hits)
+        clock.lap("hydrate")
+        if self.recency_half_life_days is not None:
+            hits = boost_recent(hits, self.recency_half_life_days, self.recency_weight, self.now)
+        if self.dedup_threshold is not None:
+            hits = drop_near_duplicates(hits, self.dedup_threshold)
+        clock.lap("tidy")
+        return Retrieval(hits[:k], clock.timings)
+
+    @property
+    def _embedding_rerank(self) -> bool:
+        return isinstance(self.reranker, EmbeddingReranker)
 
     # -- legs -----------------------------------------------------------------------------
     def _lexical(self, query: str, n: int, filters: Filters | None) -> list[Hit]:
@@ -82,62 +182,35 @@ class HybridRetriever:
         return [Hit(h.chunk_id, h.score, h.doc_id, h.chunk, {"bm25": h.score, "bm25_rank": float(r)})
                 for r, h in enumerate(found, start=1)]
 
-    def _vector(self, query: str, n: int, filters: Filters | None,
-                qvec: np.ndarray | None = None) -> list[Hit]:
-        if qvec is None:
-            qvec = self.services.embedder.embed_query(query)
-        found = _unique(self._vector_store().search(qvec, k=n, filters=filters))
+    def _vector(self, qvec: np.ndarray | None, n: int, filters: Filters | None) -> list[Hit]:
+        assert qvec is not None
+        store = self.services.vector_cache or self.services.vector
+        found = _unique(store.search(qvec, k=n, filters=filters))
         return [Hit(h.chunk_id, h.score, h.doc_id, h.chunk, {"vector": h.score, "vector_rank": float(r)})
                 for r, h in enumerate(found, start=1)]
 
-    def _hybrid(self, query: str, k: int, filters: Filters | None) -> list[Hit]:
-        lexical = self._lexical(query, max(self.candidates, k), filters)
-        qvec = self.services.embedder.embed_query(query)
-        if not lexical:
-            return self._vector(query, k, filters, qvec)
-        vectors = self._fetch_vectors([h.chunk_id for h in lexical])
-        scored = []
-        for h in lexical:
-            vec = vectors.get(h.chunk_id)
-            cos = float(np.dot(vec, qvec)) if vec is not None else -1.0
-            scored.append(Hit(h.chunk_id, cos, h.doc_id, h.chunk, {**h.explain, "cosine": cos}))
-        scored.sort(key=lambda h: h.score, reverse=True)  # stable: BM25 order breaks ties
-        return scored
+    def _rerank(self, query: str, hits: list[Hit], qvec: np.ndarray | None) -> list[Hit]:
+        if isinstance(self.reranker, EmbeddingReranker):
+            return self.reranker.rerank(query, hits, query_vector=qvec)
+        return self.reranker.rerank(query, hits)
 
-    def _rrf(self, query: str, k: int, filters: Filters | None) -> list[Hit]:
-        n = max(self.candidates, k)
-        lexical = self._lexical(query, n, filters)
-        vector = self._vector(query, n, filters)
+    def _fuse(self, lexical: list[Hit], vector: list[Hit]) -> list[Hit]:
         by_id: dict[str, Hit] = {}
         explain: dict[str, dict[str, float]] = {}
         for h in lexical + vector:
-            by_id.setdefault(h.chunk_id, h)
-            if h.chunk is not None and by_id[h.chunk_id].chunk is None:
+            if h.chunk_id not in by_id or (h.chunk is not None and by_id[h.chunk_id].chunk is None):
                 by_id[h.chunk_id] = h
             explain.setdefault(h.chunk_id, {}).update(h.explain)
         fused = rrf([[h.chunk_id for h in lexical], [h.chunk_id for h in vector]],
                     k=self.rrf_k, weights=self.weights)
-        out = []
-        for cid, score in fused:
-            h = by_id[cid]
-            out.append(Hit(cid, score, h.doc_id, h.chunk, {**explain[cid], "rrf": score}))
-        return out
-
-    # -- helpers --------------------------------------------------------------------------
-    def _vector_store(self) -> VectorIndex:
-        return self.services.vector_cache or self.services.vector
-
-    def _fetch_vectors(self, chunk_ids: list[str]) -> dict[str, np.ndarray]:
-        vectors = self._vector_store().get_vectors(chunk_ids)
-        missing = [cid for cid in chunk_ids if cid not in vectors]
-        if missing and self.services.vector_cache is not None:
-            # The cache can lag the main index (turned on after the last reindex).
-            vectors.update(self.services.vector.get_vectors(missing))
-        return vectors
+        return [Hit(cid, score, by_id[cid].doc_id, by_id[cid].chunk, {**explain[cid], "rrf": score})
+                for cid, score in fused]
 
     def _hydrate(self, hits: list[Hit]) -> list[Hit]:
         missing = [h.chunk_id for h in hits if h.chunk is None]
-        chunks = self.services.state.get_chunks(missing) if missing else {}
+        if not missing:
+            return hits
+        chunks = self.services.state.get_chunks(missing)
         out = []
         for h in hits:
             chunk = h.chunk if h.chunk is not None else chunks.get(h.chunk_id)

@@ -1,0 +1,125 @@
+"""Rerankers in the retriever, the recency boost and near-duplicate removal."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from rag.config import Settings
+from rag.errors import ConfigError
+from rag.rerank import CrossEncoderReranker, EmbeddingReranker, make_reranker
+from rag.retrieval import HybridRetriever, boost_recent, drop_near_duplicates
+from rag.types import Chunk, Hit, Reranker
+from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
+
+NOW = datetime(2025, 6, 2, tzinfo=UTC)
+
+
+def hit(cid: str, score: float, text: str, doc: str = "d", modified: datetime | None = None) -> Hit:
+    chunk = Chunk(id=cid, doc_id=doc, source="s", text=text, hash=f"h-{text}", modified=modified)
+    return Hit(cid, score, doc, chunk, {"bm25": score})
+
+
+def test_recency_boost_follows_the_half_life_and_reorders():
+    hits = [hit("old", 1.0, "a", modified=NOW - timedelta(days=60)),
+            hit("new", 0.9, "b", modified=NOW),
+            hit("mid", 0.96, "c", modified=NOW - timedelta(days=30)),
+            hit("undated", 0.97, "d")]
+    out = boost_recent(hits, half_life_days=30, weight=0.2, now=NOW)
+    by_id = {h.chunk_id: h for h in out}
+    assert by_id["new"].explain["recency"] == pytest.approx(0.2)
+    assert by_id["mid"].explain["recency"] == pytest.approx(0.1)
+    assert by_id["old"].explain["recency"] == pytest.approx(0.05)
+    assert "recency" not in by_id["undated"].explain and by_id["undated"].score == 0.97
+    assert by_id["new"].score == pytest.approx(0.9 * 1.2)
+    assert [h.chunk_id for h in out] == ["new", "mid", "old", "undated"]
+    assert [h.chunk_id for h in boost_recent(hits, 30, 0.0, NOW)] == ["old", "undated", "mid", "new"]
+
+
+def test_near_duplicates_of_a_better_hit_are_dropped():
+    base = "the quick brown fox jumps over the lazy dog near the river bank today"
+    hits = [hit("a", 3.0, base),
+            hit("overlap", 2.5, base + " again", doc="d"),            # same document, 93% contained
+            hit("other-doc", 2.4, base + " again", doc="e"),          # other document: kept
+            hit("mirror", 2.3, base, doc="f"),                        # identical text elsewhere: dropped
+            hit("distinct", 2.0, "an entirely different passage about tls", doc="d"),
+            hit("zh1", 1.9, "北京是中华人民共和国的首都", doc="z"),
+            hit("zh2", 1.8, "北京是中华人民共和国的首都。", doc="z")]
+    kept = [h.chunk_id for h in drop_near_duplicates(hits, threshold=0.8)]
+    assert kept == ["a", "other-doc", "distinct", "zh1"]
+    # Only full containment counts at 1.0; "other-doc" then repeats "overlap"'s exact text.
+    assert [h.chunk_id for h in drop_near_duplicates(hits, threshold=1.0)] == ["a", "overlap", "distinct", "zh1"]
+
+
+def test_from_services_reads_the_retrieval_settings(indexed):
+    settings = indexed.settings.model_copy(update={"retrieval": indexed.settings.retrieval.model_copy(
+        update={"mode": "hybrid", "candidates": 7, "rrf_k": 5.0, "recency_half_life_days": 10.0})})
+    indexed.settings, saved = settings, indexed.settings
+    try:
+        retriever = HybridRetriever.from_services(indexed)
+    finally:
+        indexed.settings = saved
+    assert (retriever.mode, retriever.candidates, retriever.rrf_k) == ("hybrid", 7, 5.0)
+    assert retriever.recency_half_life_days == 10.0
+    assert isinstance(retriever.reranker, EmbeddingReranker) and isinstance(retriever.reranker, Reranker)
+
+
+def test_recency_boost_in_the_retriever_prefers_recent_sources(indexed):
+    query = "river mountain lantern copper violin harbor meadow"
+    plain = HybridRetriever(indexed, mode="bm25").retrieve(query, k=30)
+    boosted = HybridRetriever(indexed, mode="bm25", recency_half_life_days=30, recency_weight=1.0,
+                              now=datetime(2025, 6, 1, tzinfo=UTC)).retrieve(query, k=30)
+    assert {h.chunk_id for h in plain} == {h.chunk_id for h in boosted}
+
+    def beta_rank(hits: list[Hit]) -> float:
+        ranks = [i for i, h in enumerate(hits) if h.chunk.source == "beta"]
+        return sum(ranks) / len(ranks)
+
+    assert beta_rank(boosted) < beta_rank(plain)
+    assert all(h.explain["recency"] > 0.9 for h in boosted if h.chunk.source == "beta")
+
+
+class ReverseReranker:
+    """A reranker that puts the incoming order upside down, to see it take effect."""
+
+    name = "reverse"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def rerank(self, query: str, hits, top_n=None):
+        self.seen.append(len(hits))
+        assert all(h.chunk is not None for h in hits)
+        out = [Hit(h.chunk_id, float(i), h.doc_id, h.chunk, {**h.explain, "reverse": float(i)})
+               for i, h in enumerate(hits)]
+        return sorted(out, key=lambda h: h.score, reverse=True)[:top_n]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "rrf"])
+def test_a_model_reranker_reorders_the_candidates(indexed, mode):
+    _, body = doc_text(3)
+    query = body.split(".")[0]
+    reranker = ReverseReranker()
+    plain = HybridRetriever(indexed, mode=mode, candidates=20, reranker=None).retrieve(query, k=20)
+    reranked = HybridRetriever(indexed, mode=mode, candidates=20, reranker=reranker).retrieve(query, k=20)
+    assert reranker.seen and reranker.seen[0] <= 20
+    assert reranked[0].chunk_id != plain[0].chunk_id
+    assert all("reverse" in h.explain and "bm25" in h.explain for h in reranked if "bm25_rank" in h.explain)
+
+
+def test_search_reports_step_timings(indexed):
+    result = HybridRetriever(indexed, mode="rrf").search("copper violin", k=3)
+    assert len(result.hits) == 3
+    assert {"embed_ms", "bm25_ms", "vector_ms", "fuse_ms"} <= set(result.timings)
+    assert all(v >= 0 for v in result.timings.values())
+
+
+def test_reranker_settings_build_the_right_reranker(indexed):
+    assert isinstance(make_reranker(indexed), EmbeddingReranker)
+    with pytest.raises(ConfigError, match="reranker.model is required"):
+        Settings.load(None, retrieval={"reranker": {"backend": "cross-encoder"}})
+    ce = CrossEncoderReranker("/nonexistent/cross-encoder")
+    with pytest.raises(ConfigError, match="cannot load cross-encoder"):
+        ce.rerank("q", [hit("a", 1.0, "text")])
+    assert ce.rerank("q", []) == []
