@@ -1,0 +1,157 @@
+"""Context packing: ranked chunks into a token budget, each with a citation label.
+
+The budget is measured with the generator's own tokenizer (any ``TokenCounter``, or a
+plain ``str -> int`` function) on the exact text the prompt will hold, so it is never
+exceeded. Chunks go in rank order; the first one that does not fit is cut at a word
+boundary to fill the remaining room (when enough room is left), and packing stops there:
+a better chunk is never left out while a worse one gets in.
+
+Example::
+
+    packer = ContextPacker(generator.count_tokens, max_tokens=3000)
+    packed = packer.pack(hits)
+    prompt_context = packed.text          # "[1] Title (url, 2025-01-02)\\n...\\n\\n[2] ..."
+    packed.citations[1].url               # what label [1] points to
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rag.errors import ConfigError
+from rag.types import Chunk, Citation, Hit, Passage, TokenCounter
+
+__all__ = ["ContextPacker", "PackedContext", "context_budget", "passage_header"]
+
+SEPARATOR = "\n\n"
+SNIPPET_CHARS = 240
+
+
+@dataclass(frozen=True, slots=True)
+class PackedContext:
+    """The packed context, its passages and what each label cites.
+
+    ``tokens`` is the token count of ``text``; ``dropped`` lists chunk ids left out for
+    lack of room, ``truncated`` the chunk that was cut to fit (if any).
+    """
+
+    text: str
+    passages: tuple[Passage, ...]
+    citations: dict[int, Citation]
+    tokens: int
+    budget: int
+    dropped: tuple[str, ...] = ()
+    truncated: str | None = None
+
+
+def context_budget(context_window: int, max_context_tokens: int, reserved_tokens: int) -> int:
+    """Tokens left for context: at most ``max_context_tokens``, leaving ``reserved_tokens``
+    of the model's window for the instructions, the question and the answer."""
+    room = context_window - reserved_tokens
+    if room <= 0:
+        raise ConfigError(
+            f"the model's context window ({context_window} tokens) leaves no room for context after "
+            f"{reserved_tokens} tokens of prompt and answer; lower max_tokens or use a longer context")
+    return min(max_context_tokens, room)
+
+
+def passage_header(label: int, chunk: Chunk) -> str:
+    """``[label] Title (url, modified date)``: what the model sees before each passage."""
+    title = chunk.title or chunk.doc_id
+    if chunk.heading and chunk.heading != title:
+        title = f"{title} › {chunk.heading}"
+    where = [chunk.url] if chunk.url else []
+    if chunk.modified is not None:
+        where.append(chunk.modified.date().isoformat())
+    return f"[{label}] {title}" + (f" ({', '.join(where)})" if where else "")
+
+
+class ContextPacker:
+    """Packs ranked hits into at most ``max_tokens`` tokens, labelled ``[1]``, ``[2]``, ...
+
+    ``min_passage_tokens`` is the least room worth filling with a truncated passage.
+
+    Example::
+
+        packed = ContextPacker(tokenizer_count, max_tokens=512).pack(hits)
+        assert packed.tokens <= 512
+    """
+
+    def __init__(self, counter: TokenCounter | Callable[[str], int], max_tokens: int,
+                 min_passage_tokens: int = 32) -> None:
+        if max_tokens < 1:
+            raise ConfigError(f"the context budget must be at least 1 token, got {max_tokens}")
+        self.count: Callable[[str], int] = (
+            counter.count_tokens if isinstance(counter, TokenCounter) else counter)
+        self.max_tokens = max_tokens
+        self.min_passage_tokens = min_passage_tokens
+
+    def pack(self, hits: Sequence[Hit]) -> PackedContext:
+        parts: list[str] = []
+        passages: list[Passage] = []
+        citations: dict[int, Citation] = {}
+        used = 0
+        truncated: str | None = None
+        ranked = [h for h in hits if h.chunk is not None]
+        stop_at = len(ranked)
+        for i, h in enumerate(ranked):
+            chunk = h.chunk
+            assert chunk is not None
+            label = len(passages) + 1
+            block = f"{passage_header(label, chunk)}\n{chunk.text}"
+            candidate = SEPARATOR.join([*parts, block])
+            tokens = self.count(candidate)
+            if tokens > self.max_tokens:
+                cut = self._truncate(parts, label, chunk)
+                if cut is not None:
+                    block, tokens = cut
+                    truncated = chunk.id
+                    parts.append(block)
+                    passages.append(Passage(label, chunk, tokens - used, h.score))
+                    citations[label] = _citation(label, chunk)
+                    used = tokens
+                stop_at = i + 1 if cut is not None else i
+                break
+            parts.append(block)
+            passages.append(Passage(label, chunk, tokens - used, h.score))
+            citations[label] = _citation(label, chunk)
+            used = tokens
+        dropped = tuple(h.chunk_id for h in ranked[stop_at:])
+        text = SEPARATOR.join(parts)
+        return PackedContext(text, tuple(passages), citations, used, self.max_tokens, dropped, truncated)
+
+    def _truncate(self, parts: list[str], label: int, chunk: Chunk) -> tuple[str, int] | None:
+        """The longest word-boundary prefix of ``chunk`` that still fits, with its token count."""
+        head = f"{passage_header(label, chunk)}\n"
+        before = self.count(SEPARATOR.join([*parts, head])) if parts else self.count(head)
+        if self.max_tokens - before < self.min_passage_tokens:
+            return None
+        text = chunk.text
+        lo, hi, best = 1, len(text) - 1, None
+        while lo <= hi:  # binary search on the prefix length, in characters
+            mid = (lo + hi) // 2
+            prefix = _word_prefix(text, mid)
+            tokens = self.count(SEPARATOR.join([*parts, head + prefix + " …"]))
+            if tokens <= self.max_tokens:
+                best, lo = (head + prefix + " …", tokens), mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def _word_prefix(text: str, n: int) -> str:
+    """``text[:n]`` backed off to the last space when there is one nearby (not in CJK text)."""
+    prefix = text[:n]
+    space = prefix.rfind(" ")
+    if space > n * 0.8:
+        prefix = prefix[:space]
+    return prefix.rstrip()
+
+
+def _citation(label: int, chunk: Chunk) -> Citation:
+    snippet = " ".join(chunk.text.split())
+    if len(snippet) > SNIPPET_CHARS:
+        snippet = snippet[: SNIPPET_CHARS - 1].rstrip() + "…"
+    return Citation(label=label, chunk_id=chunk.id, doc_id=chunk.doc_id, title=chunk.title or chunk.doc_id,
+                    url=chunk.url, modified=chunk.modified, snippet=snippet)
