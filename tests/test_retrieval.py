@@ -174,6 +174,12 @@ def test_cli_search_mode_rrf_explain_shows_both_legs(indexed):
     legs = [line for line in res.stdout.splitlines() if line.strip().startswith("legs:")]
     assert len(legs) == 3
     assert "bm25 " in legs[0] and "vector " in legs[0] and "(rank 1)" in legs[0] and "rrf " in legs[0]
+    assert res.stdout.startswith("[1] Note zorfaith")
+    steps = [line for line in res.stdout.splitlines() if line.startswith("steps: ")]
+    assert len(steps) == 1 and "bm25 " in steps[0] and "vector " in steps[0]
+    res = CliRunner().invoke(cli, ["search", body.split(".")[0], "-k", "2", "--json"], env=env,
+                             catch_exceptions=False)
+    assert '"mode": "rrf"' in res.stdout and '"reranker": "embedding"' in res.stdout  # the settings' default
     res = CliRunner().invoke(cli, ["search", "river", "--mode", "bm25", "--json"], env=env,
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output

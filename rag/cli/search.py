@@ -17,22 +17,27 @@ __all__ = ["search"]
 @click.option("--k", "-k", default=5, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--source", "-s", "sources", multiple=True, help="Only these sources.")
 @click.option("--since", help="Only documents modified on or after this ISO date.")
-@click.option("--mode", "-m", type=click.Choice(["bm25", "vector", "hybrid", "rrf"]), default="hybrid",
-              show_default=True, help="bm25 or vector alone, BM25 reordered by vector (hybrid), "
-              "or both fused by reciprocal rank (rrf).")
-@click.option("--explain", "-e", is_flag=True, help="Show each leg's score and rank.")
+@click.option("--mode", "-m", type=click.Choice(["bm25", "vector", "hybrid", "rrf"]),
+              help="bm25 or vector alone, BM25 reordered by the reranker (hybrid), or both fused by "
+              "reciprocal rank (rrf). Default: retrieval.mode in the settings (rrf).")
+@click.option("--explain", "-e", is_flag=True, help="Show each leg's score and rank, and the time of each step.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
 def search(obj: Context, query: str, k: int, sources: tuple[str, ...], since: str | None,
-           mode: str, explain: bool, as_json: bool) -> None:
-    """Search the indexed chunks (by default BM25 candidates reordered by vector similarity)."""
+           mode: str | None, explain: bool, as_json: bool) -> None:
+    """Search the indexed chunks with the configured retriever.
+
+    Results are labelled [1], [2], ... as they would be cited in an answer.
+    """
     from rag.filters import parse_filters
     from rag.retrieval import HybridRetriever
 
     filters = parse_filters({"source": list(sources) or None, "modified_from": since})
     started = time.perf_counter()
-    hits = HybridRetriever(obj.services, mode=mode).retrieve(query, k=k, filters=filters)
+    retriever = HybridRetriever.from_services(obj.services, **({"mode": mode} if mode else {}))
+    result = retriever.search(query, k=k, filters=filters)
+    hits = result.hits
     ms = (time.perf_counter() - started) * 1000
     rows = [{
         "rank": i + 1, "score": round(h.score, 4), "chunk_id": h.chunk_id, "doc_id": h.doc_id,
@@ -40,7 +45,8 @@ def search(obj: Context, query: str, k: int, sources: tuple[str, ...], since: st
         "heading": h.chunk.heading if h.chunk else "", "text": h.chunk.text if h.chunk else "",
         "scores": {key: round(v, 4) for key, v in h.explain.items()},
     } for i, h in enumerate(hits)]
-    data = {"query": query, "mode": mode, "ms": round(ms, 1), "hits": rows}
+    data = {"query": query, "mode": retriever.mode, "reranker": retriever.reranker.name, "ms": round(ms, 1),
+            "timings": {step: round(v, 2) for step, v in result.timings.items()}, "hits": rows}
     emit(data, as_json, lambda d: _search_text(d, explain))
 
 
@@ -54,7 +60,9 @@ def _search_text(d: dict[str, Any], explain: bool = False) -> str:
         out.append(f"[{h['rank']}] {h['title'] or h['doc_id']}  ({scores})\n    {h['url']}\n    {snippet}")
         if explain:
             out.append("    " + _legs(h["scores"]))
-    out.append(f"({len(d['hits'])} results in {d['ms']} ms)")
+    out.append(f"({len(d['hits'])} results in {d['ms']} ms, mode {d['mode']}, reranker {d['reranker']})")
+    if explain:
+        out.append("steps: " + ", ".join(f"{k.removesuffix('_ms')} {v} ms" for k, v in d["timings"].items()))
     return "\n".join(out)
 
 
@@ -66,5 +74,6 @@ def _legs(scores: dict[str, float]) -> str:
             parts.append(f"{leg} {scores[leg]} (rank {int(scores[f'{leg}_rank'])})")
         elif "rrf" in scores:
             parts.append(f"{leg} -")
-    parts += [f"{name} {scores[name]}" for name in ("cosine", "rrf") if name in scores]
+    parts += [f"{name} {scores[name]}" for name in ("rrf", "cosine", "cohere", "cross_encoder", "recency")
+              if name in scores]
     return "legs: " + "; ".join(parts)
