@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,11 +68,6 @@ def hit_to_document(hit: Hit) -> Document:
     return Document(page_content=c.text, metadata=metadata, id=c.id)
 
 
-def _accepts(func: Any, name: str) -> bool:
-    params = inspect.signature(func).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class RagqaRetriever(BaseRetriever):
     """LangChain retriever backed by a ragqa retriever (anything with ``retrieve(query, k, filters)``).
 
@@ -103,17 +97,9 @@ class RagqaRetriever(BaseRetriever):
     @classmethod
     def from_services(cls, services: Any, *, k: int | None = None, mode: str | None = None,
                       filters: Filters | Mapping[str, Any] | None = None) -> RagqaRetriever:
-        """Build from a deployment's ``retrieval`` settings (mode, candidates, top_k).
-
-        Uses the ``rag.retrieval.Retriever`` facade when there is one, else ``HybridRetriever``.
-        """
+        """Build from a deployment's ``retrieval`` settings (mode, candidates, reranker, top_k)."""
         cfg = services.settings.retrieval
-        factory = getattr(getattr(rag.retrieval, "Retriever", None), "from_services", None)
-        if factory is not None and (mode is None or _accepts(factory, "mode")):
-            inner = factory(services) if mode is None else factory(services, mode=mode)
-        else:
-            inner = rag.retrieval.HybridRetriever(services, mode=mode or cfg.mode, candidates=cfg.candidates,
-                                                  rrf_k=cfg.rrf_k, weights=cfg.weights)
+        inner = rag.retrieval.HybridRetriever.from_services(services, **({"mode": mode} if mode else {}))
         return cls(retriever=inner, k=cfg.top_k if k is None else k, filters=filters)
 
     def _retrieve(self, query: str) -> list[Document]:

@@ -19,7 +19,6 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableParallel, RunnablePassthrough
 
-import rag.retrieval
 from ingest.pipeline import reindex
 from rag.config import RetrievalSettings, SourceConfig
 from rag.errors import FilterError
@@ -177,22 +176,6 @@ def test_from_services_uses_the_retrieval_settings(indexed, monkeypatch):
     overridden = RagqaRetriever.from_services(indexed, k=1, mode="vector").invoke("requests")
     assert len(overridden) == 1 and "vector" in overridden[0].metadata["explain"]
     assert "bm25" not in overridden[0].metadata["explain"]
-
-
-def test_from_services_prefers_the_retriever_facade(indexed, monkeypatch):
-    made: list[tuple[object, dict]] = []
-
-    class Facade:
-        @classmethod
-        def from_services(cls, services: Services, mode: str | None = None) -> HybridRetriever:
-            made.append((services, {"mode": mode}))
-            return HybridRetriever(services, mode=mode or "bm25")
-
-    monkeypatch.setattr(rag.retrieval, "Retriever", Facade, raising=False)
-    retriever = RagqaRetriever.from_services(indexed, k=2)
-    assert made == [(indexed, {"mode": None})] and retriever.retriever.mode == "bm25"
-    RagqaRetriever.from_services(indexed, mode="vector")
-    assert made[-1] == (indexed, {"mode": "vector"})
 
 
 class _PromptSpy(BaseCallbackHandler):
