@@ -218,6 +218,20 @@ class SamplingSettings(BaseModel):
     max_temperature: float = Field(default=1.5, ge=0, le=2, description="The most a request may ask for.")
 
 
+class PromptExampleSettings(BaseModel):
+    """A few-shot example shown to the model: a labelled context, a question, the ideal answer."""
+
+    question: str
+    context: str
+    answer: str
+    lang: Literal["en", "zh"] = "en"
+
+
+class PromptSettings(BaseModel):
+    examples: list[PromptExampleSettings] = Field(
+        default_factory=list, description="Few-shot examples, used for questions in their language.")
+
+
 class ChunkingSettings(BaseModel):
     size_tokens: int = Field(default=256, ge=16, le=8192)
     overlap_tokens: int = Field(default=32, ge=0)
@@ -276,6 +290,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    prompt: PromptSettings = Field(default_factory=PromptSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 

@@ -3,6 +3,7 @@
     RagError
     ├── ConfigError            bad settings, a bad YAML file, an unknown source name
     ├── FilterError            an invalid metadata filter (unknown field, bad date, from > to)
+    ├── RequestError           a request outside the server's limits (temperature, max_tokens, ...)
     ├── DataDirLocked          another ragqa process holds the data directory
     ├── IngestError            a source cannot be crawled at all
     │   └── FetchError         one URL or file could not be fetched (kept per page, not fatal)
@@ -24,6 +25,7 @@ __all__ = [
     "RagError",
     "ConfigError",
     "FilterError",
+    "RequestError",
     "DataDirLocked",
     "IngestError",
     "FetchError",
@@ -47,6 +49,14 @@ class ConfigError(RagError):
 
 class FilterError(RagError, ValueError):
     """A metadata filter is invalid. Raised instead of returning an empty result."""
+
+
+class RequestError(RagError, ValueError):
+    """A request asks for more than the server allows; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 class DataDirLocked(RagError):

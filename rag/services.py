@@ -23,7 +23,7 @@ from filelock import FileLock, Timeout
 
 from rag.config import Settings
 from rag.errors import ConfigError, DataDirLocked
-from rag.types import Embedder, LexicalIndex, VectorIndex
+from rag.types import Embedder, Generator, LexicalIndex, VectorIndex
 
 __all__ = ["Services"]
 
@@ -31,10 +31,12 @@ __all__ = ["Services"]
 class Services:
     """The components of one ragqa deployment, built from its settings on first use."""
 
-    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None,
+                 generator: Generator | None = None) -> None:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self._embedder = embedder
+        self._generator = generator
         self._lock = FileLock(str(self.data_dir / "write.lock"), thread_local=False)
 
     # -- the write lock -------------------------------------------------------------------
@@ -110,6 +112,15 @@ class Services:
             token = cfg.token.get_secret_value() if cfg.token else None
             return MilvusVectorIndex(uri, cfg.collection, self.embedder.dim, token=token)
         raise ConfigError(f"unknown vector backend {cfg.backend!r}")
+
+    @property
+    def generator(self) -> Generator:
+        """The configured generator, not yet started (``await generator.start()``)."""
+        if self._generator is None:
+            from rag.generators import make_generator
+
+            self._generator = make_generator(self.settings.generator)
+        return self._generator
 
     @cached_property
     def vector_cache(self) -> VectorIndex | None:

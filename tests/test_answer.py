@@ -1,0 +1,137 @@
+"""The answer pipeline on a real index: retrieve, pack, prompt, generate, cite, fall back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rag.answer import Answerer
+from rag.errors import BackendUnavailable, GeneratorError
+from rag.generators.extractive import ExtractiveGenerator
+from rag.prompts import UNKNOWN
+from rag.types import GenerationDelta, GenerationParams, Prompt
+from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
+
+
+class Scripted:
+    """A generator that replays text pieces, optionally failing at start or after some pieces."""
+
+    name = "scripted"
+    context_window = 4096
+
+    def __init__(self, pieces: list[str], fail_start: bool = False, fail_after: int | None = None) -> None:
+        self.pieces, self.fail_start, self.fail_after = pieces, fail_start, fail_after
+        self.prompts: list[Prompt] = []
+        self.closed_early = False
+
+    async def start(self) -> None:
+        if self.fail_start:
+            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
+
+    async def close(self) -> None:
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+        self.prompts.append(prompt)
+        try:
+            for i, piece in enumerate(self.pieces):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise GeneratorError("the model server closed the stream")
+                await asyncio.sleep(0)
+                yield GenerationDelta(text=piece)
+            yield GenerationDelta(finish_reason="stop", prompt_tokens=42, completion_tokens=len(self.pieces))
+        except GeneratorExit:
+            self.closed_early = True
+            raise
+
+
+def run(agen) -> list:
+    async def collect():
+        return [event async for event in agen]
+    return asyncio.run(collect())
+
+
+def test_a_streamed_answer_has_sources_deltas_and_cited_sources(indexed):
+    _, body = doc_text(3)
+    gen = Scripted(["The note ", "says so [1", "] and [7", "]."])
+    events = run(Answerer(indexed, generator=gen).stream(body.split(".")[0], top_k=4))
+    assert [e.kind for e in events][0] == "sources" and events[-1].kind == "done"
+    sources = events[0].citations
+    assert [c.label for c in sources] == list(range(1, len(sources) + 1)) and sources[0].doc_id == "alpha:d03.md"
+    text = "".join(e.text for e in events if e.kind == "delta")
+    assert text == "The note says so [1] and."  # [7] was not in the context
+    done = events[-1]
+    assert [c.label for c in done.citations] == [1] and done.citations[0].url.endswith("d03.md")
+    assert done.usage == {"prompt_tokens": 42, "completion_tokens": 4} and not done.degraded
+    assert {"retrieve_ms", "generate_ms", "total_ms", "ttft_ms"} <= set(done.timings)
+    prompt = gen.prompts[0]
+    assert prompt.passages[0].chunk.doc_id == "alpha:d03.md" and "[1] Note zordaith" in prompt.messages[-1]["content"]
+
+
+def test_the_context_fits_the_generators_window(indexed):
+    gen = Scripted(["ok"])
+    gen.context_window = 700
+    run(Answerer(indexed, generator=gen).stream("river mountain lantern", top_k=30,
+                                                overrides={"max_tokens": 200}))
+    prompt = gen.prompts[0]
+    used = gen.count_tokens("\n".join(m["content"] for m in prompt.messages))
+    assert used + 200 <= 700 and 0 < len(prompt.passages) < 30
+
+
+def test_a_generator_that_is_down_falls_back_to_extractive_and_is_flagged(indexed):
+    _, body = doc_text(7)
+    sentence = body.split(".")[0]
+    answer = asyncio.run(Answerer(indexed, generator=Scripted([], fail_start=True)).ask(sentence))
+    assert answer.degraded
+    assert sentence in answer.text and "[1]" in answer.text
+    assert answer.citations and answer.citations[0].doc_id == "alpha:d07.md"
+
+
+def test_a_failure_before_the_first_token_also_falls_back(indexed):
+    _, body = doc_text(4)
+    gen = Scripted(["never"], fail_after=0)
+    events = run(Answerer(indexed, generator=gen).stream(body.split(".")[0]))
+    assert events[-1].kind == "done" and events[-1].degraded
+    assert "never" not in "".join(e.text for e in events if e.kind == "delta")
+
+
+def test_a_failure_mid_answer_ends_with_an_error_event(indexed):
+    gen = Scripted(["Half ", "an answer", "lost"], fail_after=2)
+    events = run(Answerer(indexed, generator=gen).stream("copper violin"))
+    assert [e.kind for e in events] == ["sources", "delta", "delta", "error"]
+    assert "closed the stream" in events[-1].error
+    with pytest.raises(GeneratorError):
+        asyncio.run(Answerer(indexed, generator=Scripted(["a", "b"], fail_after=1)).ask("copper violin"))
+
+
+def test_no_fallback_when_turned_off(indexed, monkeypatch):
+    monkeypatch.setattr(indexed.settings.generator, "fallback", False)
+    with pytest.raises(BackendUnavailable):
+        asyncio.run(Answerer(indexed, generator=Scripted([], fail_start=True)).ask("copper"))
+
+
+def test_closing_the_stream_early_closes_the_generator(indexed):
+    gen = Scripted(["a ", "b ", "c ", "d "])
+
+    async def first_delta():
+        agen = Answerer(indexed, generator=gen).stream("copper violin")
+        async for event in agen:
+            if event.kind == "delta":
+                break
+        await agen.aclose()
+
+    asyncio.run(first_delta())
+    assert gen.closed_early
+
+
+def test_extractive_answers_from_the_context_or_says_it_does_not_know(indexed):
+    _, body = doc_text(9)
+    answer = asyncio.run(Answerer(indexed, generator=ExtractiveGenerator()).ask(body.split(".")[0]))
+    assert body.split(".")[0] in answer.text and not answer.degraded
+    none = asyncio.run(Answerer(indexed, generator=ExtractiveGenerator()).ask("qwxyzzy plughfrob?"))
+    assert none.text == UNKNOWN["en"] and none.citations == ()
