@@ -270,6 +270,21 @@ class ScheduleSettings(BaseModel):
     misfire_grace_s: int = Field(default=3600, ge=1)
 
 
+class ServeSettings(BaseModel):
+    """The HTTP service: where it listens, its input limits, and how long streams are kept."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body; more is a 413.")
+    max_question_chars: int = Field(default=4000, ge=1, description="Longest question (the last user message).")
+    max_messages: int = Field(default=50, ge=1, description="Most messages in one chat request.")
+    stream_retention_s: float = Field(
+        default=300, gt=0, description="Keep a stream's events this long after its last one, for resume.")
+    disconnect_grace_s: float = Field(
+        default=30, gt=0, description="Abort a generation whose client has been gone this long.")
+
+
 class Settings(BaseSettings):
     """All of ragqa's configuration. See the module docstring for how it is read."""
 
@@ -293,6 +308,7 @@ class Settings(BaseSettings):
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
 
     @classmethod
     def settings_customise_sources(
