@@ -1,0 +1,119 @@
+"""The FastAPI application: wiring only. Routes live in ``serve/routes_*.py``.
+
+``create_app`` builds the app state (services, answerer, stream manager) and a lifespan
+that loads the generator before the first request and aborts running streams on shutdown.
+A generator that cannot start is reported by ``/ready``; answers then fall back to the
+extractive answerer, unless ``generator.fallback`` is off, in which case start-up fails.
+
+Example::
+
+    app = create_app(Settings.load())
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+    # several workers: uvicorn imports the factory (settings from RAG_* and RAG_CONFIG)
+    uvicorn.run("serve.app:create_app", factory=True, workers=4)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+
+from rag.answer import Answerer
+from rag.config import Settings
+from rag.errors import RagError
+from rag.services import Services
+from serve.conversations import Conversations
+from serve.deps import AppState, GeneratorHealth
+from serve.errors import install_handlers
+from serve.limits import BodyLimit
+from serve.metrics import RequestMetrics
+from serve.schemas import ChatCompletionChunk
+from serve.streams import MemoryStreamStore, StreamManager
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("ragqa.serve")
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None,
+               answerer: Answerer | None = None) -> FastAPI:
+    """The service over ``services`` (built from ``settings`` when not given, and then closed
+    at shutdown), answering with ``answerer`` (default: ``Answerer(services)``)."""
+    owned = services is None and answerer is None
+    if services is None:
+        services = answerer.services if answerer is not None else Services(settings or Settings.load())
+    settings = settings or services.settings
+    answerer = answerer or Answerer(services)
+    serve = settings.serve
+    state = AppState(settings=settings, services=services, answerer=answerer,
+                     streams=StreamManager(MemoryStreamStore(serve.stream_retention_s), serve.disconnect_grace_s),
+                     conversations=Conversations())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(_warm, services)
+        state.generator = await _start_generator(answerer, settings.generator.fallback)
+        try:
+            yield
+        finally:
+            await state.streams.close()
+            await answerer.close()
+            if owned:
+                services.close()
+
+    app = FastAPI(title="ragqa", version="0.1.0", lifespan=lifespan,
+                  summary="Question answering over your documents, with citations. OpenAI-compatible.")
+    app.state.ragqa = state
+    install_handlers(app)
+    from serve import routes_admin, routes_ask, routes_chat, routes_ops
+
+    routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_ops)]
+    for router in routers:
+        app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=serve.max_body_bytes)
+    app.add_middleware(RequestMetrics, routes=[route for router in routers for route in router.routes])
+    _document_stream_schemas(app)
+    return app
+
+
+def _warm(services: Services) -> None:
+    """Load the embedder and open the indexes now rather than on the first question."""
+    for name in ("embedder", "lexical", "vector"):
+        try:
+            getattr(services, name)
+        except Exception as exc:  # noqa: BLE001 - reported by /ready and by the first question
+            log.warning("%s not ready at start-up: %s", name, exc)
+
+
+async def _start_generator(answerer: Answerer, fallback: bool) -> GeneratorHealth:
+    try:
+        await answerer.start()
+    except RagError as exc:
+        if not fallback:
+            raise
+        log.warning("generator %s unavailable, answers will be extractive: %s", answerer.generator.name, exc)
+        return GeneratorHealth("down", str(exc))
+    return GeneratorHealth("ready", None)
+
+
+def _document_stream_schemas(app: FastAPI) -> None:
+    """Add the streamed chunk's schema to the OpenAPI components (routes refer to it)."""
+    default = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = default()
+            extra = ChatCompletionChunk.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(extra.pop("$defs", {}))
+            components["ChatCompletionChunk"] = extra
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

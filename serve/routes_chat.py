@@ -1,0 +1,156 @@
+"""``POST /v1/chat/completions``, OpenAI-compatible, and ``GET /v1/models``.
+
+Streams are ``chat.completion.chunk`` events ending with ``data: [DONE]``; each has
+``id: <stream_id>:<seq>``, and the completion id is ``chatcmpl-<stream_id>``. The first chunk
+carries the role, the last one ``finish_reason`` and the extension ``delta.citations``;
+with ``stream_options.include_usage`` a chunk with ``usage`` and no choices follows. An
+error after the stream started is a ``data: {"error": {...}}`` event, then ``[DONE]``.
+
+**Resume**: re-send the same request with the header ``Last-Event-ID: <stream_id>:<n>``,
+where ``<n>`` is the number of events already received (``stream_id`` is the completion id
+without ``chatcmpl-``, or the ``X-Stream-Id`` response header). With OpenAI's client::
+
+    client.chat.completions.create(..., stream=True, extra_headers={"Last-Event-ID": f"{sid}:{n}"})
+
+The body is validated but not used again: the stream continues where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+
+from rag.answer import AnswerEvent
+from rag.config import ServeSettings
+from rag.errors import RequestError
+from rag.types import Filters
+from serve.answers import (
+    collect,
+    counted,
+    observed,
+    resume,
+    sse_response,
+    until_disconnected,
+)
+from serve.deps import QueryCaller, State
+from serve.errors import error_body
+from serve.limits import check_messages, check_question
+from serve.schemas import (
+    ERRORS,
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    CitationOut,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from serve.streams import Out
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["chat"])
+STARTED = int(time.time())
+
+_STREAM_DOC = {
+    "description": "A completion, or with `stream: true` an SSE stream of `chat.completion.chunk` objects "
+                   "(each with `id: <stream_id>:<seq>`) ending with `data: [DONE]`.",
+    "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/ChatCompletionChunk"}}},
+}
+
+
+def conversation(body: ChatCompletionRequest, limits: ServeSettings) -> tuple[str, list[dict[str, str]]]:
+    """The question (the last message, the user's) and the earlier user/assistant turns."""
+    check_messages(len(body.messages), limits)
+    last = len(body.messages) - 1
+    if body.messages[last].role != "user":
+        raise RequestError(f"messages.{last}.role", "the last message must be the user's question")
+    question = body.messages[last].text(f"messages.{last}")
+    check_question(question, limits, f"messages.{last}.content")
+    history = [{"role": m.role, "content": m.text(f"messages.{i}")}
+               for i, m in enumerate(body.messages[:last]) if m.role in ("user", "assistant")]
+    return question, history
+
+
+def _usage(event: AnswerEvent) -> dict[str, int]:
+    prompt, completion = event.usage.get("prompt_tokens", 0), event.usage.get("completion_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _citations(event: AnswerEvent) -> list[dict[str, Any]]:
+    return [CitationOut.of(c).model_dump(mode="json") for c in event.citations]
+
+
+class ChunkRenderer:
+    """Turns answer events into ``chat.completion.chunk`` SSE data lines."""
+
+    def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
+        self.id, self.model, self.include_usage = completion_id, model, include_usage
+        self.created = int(time.time())
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> Out:
+        return Out(json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                               "model": self.model, "choices": choices, "usage": usage},
+                              ensure_ascii=False, separators=(",", ":")))
+
+    def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> Out:
+        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}])
+
+    async def events(self, answer: AsyncIterator[AnswerEvent]) -> AsyncIterator[Out]:
+        async for event in answer:
+            if event.kind == "sources":
+                yield self._delta({"role": "assistant", "content": ""})
+            elif event.kind == "delta":
+                yield self._delta({"content": event.text})
+            elif event.kind == "done":
+                yield self._delta({"citations": _citations(event)}, event.finish_reason or "stop")
+                if self.include_usage:
+                    yield self._chunk([], _usage(event))
+                yield Out("[DONE]")
+            elif event.kind == "error":
+                for out in self.error(event.error or "generation failed", "generator_error"):
+                    yield out
+
+    def error(self, message: str, code: str) -> Sequence[Out]:
+        type_ = "server_error" if code == "internal_error" else "service_unavailable_error"
+        return [Out(json.dumps(error_body(message, type_, None, code), ensure_ascii=False)), Out("[DONE]")]
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: _STREAM_DOC},
+             summary="Answer the last user message from the indexed documents (OpenAI-compatible)")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, state: State, caller: QueryCaller,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=(
+        "Resume a stream: `<stream_id>:<events received>`; the stream continues after that event."))] = None,
+) -> Any:
+    if body.stream and last_event_id:
+        return await resume(state, last_event_id, "chat", caller)
+    question, history = conversation(body, state.settings.serve)
+    options = body.rag
+    filters = options.filters.parse("rag.filters") if options and options.filters else Filters()
+    answer = observed("chat", state, state.answerer.stream(
+        question, history=history, filters=caller.restrict(filters), top_k=options.top_k if options else None,
+        overrides=body.overrides()))
+    if not body.stream:
+        result = await until_disconnected(request, collect(answer))
+        return ChatCompletion(
+            id="chatcmpl-" + state.streams.new_id(), created=int(time.time()), model=body.model,
+            choices=[Choice(message=AssistantMessage(content=result.text, citations=[
+                CitationOut.of(c) for c in result.done.citations]), finish_reason=result.done.finish_reason)],
+            usage=Usage(**_usage(result.done)))
+    stream_id = state.streams.new_id()
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    renderer = ChunkRenderer(f"chatcmpl-{stream_id}", body.model, include_usage)
+    await state.streams.start(counted(renderer.events(answer)), renderer.error, kind="chat",
+                              owner=caller.key_id, stream_id=stream_id)
+    return sse_response(state, stream_id, 0, ping=False)
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS, summary="The one model: ragqa")
+async def models(state: State, caller: QueryCaller) -> ModelList:
+    return ModelList(data=[ModelCard(id="ragqa", created=STARTED)])

@@ -1,0 +1,67 @@
+"""Operations: ``GET /health`` (liveness), ``GET /ready`` (each backend), ``GET /metrics``.
+
+``/ready`` is 200 when the indexes answer and the generator is up, or down with the
+extractive fallback on (``status: degraded``); otherwise 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rag.metrics import REGISTRY
+from serve.deps import State
+from serve.schemas import ERRORS, BackendState, HealthResponse, ReadyResponse
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+CHECK_TIMEOUT_S = 5.0
+
+
+@router.get("/health", response_model=HealthResponse, responses={500: ERRORS[500]}, summary="Liveness: the process answers")
+async def health() -> HealthResponse:
+    return HealthResponse()
+
+
+async def _check(name: str, backend: str, count: Callable[[], int]) -> BackendState:
+    try:
+        n = await asyncio.wait_for(asyncio.to_thread(count), CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return BackendState(state="unavailable", backend=backend, detail=f"no answer in {CHECK_TIMEOUT_S:g} s")
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready; say which
+        return BackendState(state="unavailable", backend=backend, detail=" ".join(str(exc).split())[:300])
+    return BackendState(state="ready", backend=backend, detail=f"{n} chunks")
+
+
+@router.get("/ready", response_model=ReadyResponse,
+            responses={500: ERRORS[500], 503: {"model": ReadyResponse, "description": "A backend is unavailable."}},
+            summary="Readiness: the state of the lexical index, the vector index and the generator")
+async def ready(state: State) -> Any:
+    services = state.services
+    names = services.backend_names()
+    lexical, vector = await asyncio.gather(
+        _check("lexical", names["lexical"], lambda: services.lexical.count()),
+        _check("vector", names["vector"], lambda: services.vector.count()))
+    gen = state.generator
+    generator = BackendState(state="ready" if gen.state == "ready" else "down",
+                             backend=state.answerer.generator.name, detail=gen.detail)
+    fallback = state.settings.generator.fallback
+    if "unavailable" in (lexical.state, vector.state) or (generator.state == "down" and not fallback):
+        status = "unavailable"
+    else:
+        status = "degraded" if generator.state == "down" else "ready"
+    body = ReadyResponse(status=status, backends={"lexical": lexical, "vector": vector, "generator": generator})
+    return JSONResponse(body.model_dump(mode="json"), status_code=503 if status == "unavailable" else 200)
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics",
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."},
+                       500: ERRORS[500]})
+async def metrics() -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
