@@ -19,6 +19,7 @@ from rag.cli.common import Context
 from rag.cli.evals import eval_group
 from rag.cli.indexes import rebuild, verify
 from rag.cli.search import search
+from rag.cli.serve import ask, serve
 from rag.cli.sources import ingest, reindex, schedule, sources_cmd, status
 
 __all__ = ["main", "cli"]
@@ -43,7 +44,7 @@ def cli(ctx: click.Context, config: str | None, data_dir: str | None, log_json: 
     ctx.call_on_close(ctx.obj.close)
 
 
-for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group):
+for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group, serve, ask):
     cli.add_command(command)
 
 

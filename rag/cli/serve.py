@@ -1,0 +1,161 @@
+"""``ragqa serve`` (the HTTP service) and ``ragqa ask`` (the same answer pipeline, no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from rag.cli.common import Context, handle_errors
+
+__all__ = ["serve", "ask"]
+
+
+@click.command()
+@click.option("--host", "-H", help="Address to listen on (default: serve.host, 127.0.0.1).")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), help="Port (default: serve.port, 8000; 0 picks one).")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), help="Worker processes (default: serve.workers, 1).")
+@click.option("--with-scheduler", is_flag=True, help="Also run the crawl schedule (as `ragqa schedule` does).")
+@click.pass_obj
+@handle_errors
+def serve(obj: Context, host: str | None, port: int | None, workers: int | None, with_scheduler: bool) -> None:
+    """Serve the OpenAI-compatible and native question-answering API until interrupted."""
+    import uvicorn
+
+    from serve.app import create_app
+
+    services = obj.services
+    cfg = services.settings.serve
+    host, port, workers = host or cfg.host, cfg.port if port is None else port, workers or cfg.workers
+    scheduler = None
+    if with_scheduler:
+        from ingest import scheduler as sched
+
+        scheduler = sched.build_scheduler(services)  # in this process, whatever the worker count
+        sched.start(scheduler, services)
+    level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
+    try:
+        if workers == 1:
+            app = create_app(services.settings, services=services)
+            _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
+                                             timeout_graceful_shutdown=10)).run()
+        else:
+            # Each worker builds its own app from the same settings, passed on in the environment.
+            if obj.config:
+                os.environ["RAG_CONFIG"] = str(obj.config)
+            os.environ["RAG_DATA_DIR"] = str(services.data_dir)
+            click.echo(f"ragqa: starting {workers} workers; streams resume on the worker that started them, "
+                       "and /metrics counts per worker", err=True)
+            _announce(host, port)
+            uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
+                        log_level=level, timeout_graceful_shutdown=10)
+    finally:
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
+
+
+def _announce(host: str, port: int) -> None:
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"ragqa is serving on http://{shown}:{port} - point a browser at http://{shown}:{port}/docs "
+               f"(OpenAI-compatible base URL: http://{shown}:{port}/v1)")
+    sys.stdout.flush()
+
+
+def _listening_server(config: Any) -> Any:
+    """A uvicorn server that says where to point a browser once it listens (with the real port)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.servers:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                _announce(host, port)
+
+    return Server(config)
+
+
+@click.command()
+@click.argument("question")
+@click.option("--source", "-s", "sources", multiple=True, help="Only these sources.")
+@click.option("--since", help="Only documents modified on or after this ISO date.")
+@click.option("--k", "-k", "top_k", type=click.IntRange(1, 200), help="Passages to retrieve (default: retrieval.top_k).")
+@click.option("--stream", is_flag=True, help="Print the answer as it is generated (with --json: one event per line).")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer, citations and timings as JSON.")
+@click.pass_obj
+@handle_errors
+def ask(obj: Context, question: str, sources: tuple[str, ...], since: str | None, top_k: int | None,
+        stream: bool, as_json: bool) -> None:
+    """Answer QUESTION from the indexed documents, with numbered citations ('-' reads stdin)."""
+    from rag.filters import parse_filters
+
+    if question == "-":
+        question = sys.stdin.read()
+    if not question.strip():
+        raise click.UsageError("the question is empty")
+    filters = parse_filters({"source": list(sources) or None, "modified_from": since})
+    asyncio.run(_ask(obj, question.strip(), filters, top_k, stream, as_json))
+
+
+async def _ask(obj: Context, question: str, filters: Any, top_k: int | None, stream: bool, as_json: bool) -> None:
+    from rag.answer import Answerer
+    from rag.errors import GeneratorError
+
+    answerer = Answerer(obj.services)
+    parts: list[str] = []
+    try:
+        async for event in answerer.stream(question, filters=filters, top_k=top_k):
+            if stream and as_json:
+                click.echo(json.dumps(_event_dict(event), ensure_ascii=False, default=str))
+            elif event.kind == "delta":
+                parts.append(event.text)
+                if stream and not as_json:
+                    click.echo(event.text, nl=False)
+                    sys.stdout.flush()
+            if event.kind == "error":
+                raise GeneratorError(event.error or "generation failed")
+            if event.kind == "done" and not (stream and as_json):
+                _print_done(question, "".join(parts).strip(), event, as_json, printed=stream)
+    finally:
+        await answerer.close()
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"event": event.kind}
+    if event.kind == "delta":
+        out["text"] = event.text
+    elif event.kind in ("sources", "done"):
+        out["citations"] = [_citation(c) for c in event.citations]
+        out["degraded"] = event.degraded
+    if event.kind == "done":
+        out.update(finish_reason=event.finish_reason, usage=event.usage, timings=event.timings, cache="miss")
+    if event.kind == "error":
+        out["error"] = event.error
+    return out
+
+
+def _citation(c: Any) -> dict[str, Any]:
+    return {"label": c.label, "chunk_id": c.chunk_id, "doc_id": c.doc_id, "title": c.title, "url": c.url,
+            "modified": c.modified.isoformat() if c.modified else None, "snippet": c.snippet}
+
+
+def _print_done(question: str, text: str, done: Any, as_json: bool, printed: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"question": question, "answer": text, "citations": [_citation(c) for c in done.citations],
+                               "timings": done.timings, "cache": "miss", "degraded": done.degraded,
+                               "finish_reason": done.finish_reason, "usage": done.usage}, ensure_ascii=False))
+        return
+    if printed:
+        click.echo()
+    else:
+        click.echo(text)
+    if done.citations:
+        click.echo("\nSources:")
+        for c in done.citations:
+            click.echo(f"[{c.label}] {c.title or c.doc_id}  {c.url}")
+    if done.degraded:
+        click.echo("note: the generator is unavailable; this answer was extracted from the sources", err=True)
