@@ -1,0 +1,268 @@
+"""Resumable streams through a real uvicorn server: reconnect with ``Last-Event-ID`` while the
+generation runs or after it finished (no gap, no repeat), abort after the disconnect grace,
+errors after the stream started, and the degraded fallback.
+
+The generator is the extractive one behind a gate the test controls, so "still running" and
+"already finished" are facts, not timing luck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import openai
+import pytest
+
+from rag.answer import Answerer
+from rag.errors import BackendUnavailable, GeneratorError
+from rag.generators.extractive import ExtractiveGenerator
+from rag.services import Services
+from rag.types import GenerationDelta, GenerationParams, Prompt
+from serve.app import create_app
+from tests import test_serve
+from tests.test_serve import live, question, sse_events
+
+corpus = test_serve.corpus  # the index fixture, built once for this module too
+
+
+class Gated:
+    """The extractive generator, with knobs: hold before piece ``hold_at`` until ``gate`` is
+    set, fail after ``fail_after`` pieces, or be down (``down``) before the first token."""
+
+    name = "gated-extractive"
+    context_window = 1_000_000
+
+    def __init__(self) -> None:
+        self.inner = ExtractiveGenerator()
+        self.reset()
+
+    def reset(self) -> None:
+        self.hold_at: int | None = None
+        self.gate = threading.Event()
+        self.fail_after: int | None = None
+        self.down = False
+        self.closed_early = False
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+        if self.down:
+            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
+        sent = 0
+        try:
+            async for delta in self.inner.stream(prompt, params):
+                if delta.text:
+                    if sent == self.fail_after:
+                        raise GeneratorError("the model server closed the stream")
+                    if sent == self.hold_at:
+                        while not self.gate.is_set():
+                            await asyncio.sleep(0.01)
+                    sent += 1
+                yield delta
+        except (GeneratorExit, asyncio.CancelledError):
+            self.closed_early = True
+            raise
+
+
+@pytest.fixture(scope="module")
+def gen() -> Gated:
+    return Gated()
+
+
+@pytest.fixture
+def knobs(gen: Gated) -> Iterator[Gated]:
+    gen.reset()
+    yield gen
+    gen.gate.set()  # never leave a generation waiting
+    gen.reset()
+
+
+@pytest.fixture(scope="module")
+def patient(corpus: Services, gen: Gated) -> Iterator[tuple[str, object]]:
+    """A server that waits 30 s for a client to come back."""
+    app = create_app(corpus.settings, services=corpus, answerer=Answerer(corpus, generator=gen))
+    with live(app) as url:
+        yield url, app.state.ragqa
+
+
+@pytest.fixture(scope="module")
+def impatient(corpus: Services, gen: Gated) -> Iterator[str]:
+    """A server that aborts a generation nobody has read for half a second."""
+    settings = corpus.settings.model_copy(update={"serve": corpus.settings.serve.model_copy(
+        update={"disconnect_grace_s": 0.5})})
+    app = create_app(settings, services=corpus, answerer=Answerer(corpus, generator=gen))
+    with live(app) as url:
+        yield url
+
+
+def chat(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def comparable(chunk) -> dict:  # an openai chunk
+    return chunk.model_dump(exclude={"id", "created"})
+
+
+def wait_for(condition, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def same_run(event: dict[str, str]) -> tuple[str, dict]:
+    """An ask event without what differs between two runs of the same question."""
+    data = json.loads(event["data"])
+    for key in ("conversation_id", "timings"):
+        data.pop(key, None)
+    return event["event"], data
+
+
+def finished(state, stream_id: str) -> bool:  # state: the app's AppState
+    info = asyncio.run(state.streams.store.info(stream_id))
+    return info is not None and info.finished
+
+
+def test_openai_client_resumes_a_running_stream_with_last_event_id(patient, knobs):
+    url, state = patient
+    msgs = [{"role": "user", "content": question(3)}]
+    with chat(url) as client:
+        with client.chat.completions.create(model="ragqa", messages=msgs, stream=True) as stream:
+            reference = [comparable(c) for c in stream]
+        knobs.hold_at = 3
+        stream = client.chat.completions.create(model="ragqa", messages=msgs, stream=True)
+        first = [next(stream), next(stream)]
+        stream.close()  # the connection drops after two events
+        stream_id = first[0].id.removeprefix("chatcmpl-")
+        assert not finished(state, stream_id)
+        with client.chat.completions.create(model="ragqa", messages=msgs, stream=True,
+                                            extra_headers={"Last-Event-ID": f"{stream_id}:2"}) as resumed:
+            rest = [next(resumed), next(resumed)]  # stored while the client was away
+            assert not finished(state, stream_id)  # the generation is still waiting at the gate
+            knobs.gate.set()
+            rest += list(resumed)
+    assert all(c.id == first[0].id for c in rest)
+    assert [comparable(c) for c in first + rest] == reference
+    assert not knobs.closed_early
+
+
+def test_resume_after_the_generation_finished_by_get_or_re_post(patient, knobs):
+    url, state = patient
+    body = {"question": question(8), "stream": True}
+    with httpx.stream("POST", f"{url}/v1/ask", json=body) as r:
+        reference = list(sse_events(r.iter_lines()))
+    knobs.hold_at = 2
+    with httpx.stream("POST", f"{url}/v1/ask", json=body) as r:
+        events = sse_events(r.iter_lines())
+        head = [next(events), next(events), next(events)]
+    stream_id = r.headers["x-stream-id"]
+    knobs.gate.set()
+    wait_for(lambda: finished(state, stream_id))
+    with httpx.stream("GET", f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:3"}) as r:
+        tail = list(sse_events(r.iter_lines()))
+    union = head + tail
+    assert [e["id"] for e in union] == [f"{stream_id}:{i}" for i in range(1, len(reference) + 1)]
+    assert [same_run(e) for e in union] == [same_run(e) for e in reference]
+    # the same by re-sending the request, and from any point
+    with httpx.stream("POST", f"{url}/v1/ask", json=body, headers={"Last-Event-ID": f"{stream_id}:1"}) as r:
+        assert [e["id"] for e in sse_events(r.iter_lines())] == [e["id"] for e in union[1:]]
+    with httpx.stream("GET", f"{url}/v1/streams/{stream_id}?after=0") as r:
+        assert [e["data"] for e in sse_events(r.iter_lines())] == [e["data"] for e in union]
+
+
+def test_resume_errors(patient):
+    url, _ = patient
+    r = httpx.get(f"{url}/v1/streams/nosuchstream", headers={"Last-Event-ID": "nosuchstream:4"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "Last-Event-ID"
+    r = httpx.post(f"{url}/v1/ask", json={"question": "q", "stream": True}, headers={"Last-Event-ID": "x:y"})
+    assert r.status_code == 422 and "<stream_id>:<seq>" in r.json()["error"]["message"]
+    with httpx.stream("POST", f"{url}/v1/ask", json={"question": question(2), "stream": True}) as r:
+        ask_events = list(sse_events(r.iter_lines()))
+    stream_id = r.headers["x-stream-id"]
+    msgs = [{"role": "user", "content": "q"}]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True},
+                   headers={"Last-Event-ID": f"{stream_id}:1"})
+    assert r.status_code == 422 and "ask route" in r.json()["error"]["message"]
+    r = httpx.get(f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:{len(ask_events) + 5}"})
+    assert r.status_code == 422
+
+
+def test_a_client_that_never_comes_back_has_its_generation_aborted(impatient, knobs):
+    knobs.hold_at = 2
+    msgs = [{"role": "user", "content": question(5)}]
+    with httpx.stream("POST", f"{impatient}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
+        events = sse_events(r.iter_lines())
+        head = [next(events), next(events)]
+    stream_id = r.headers["x-stream-id"]
+    wait_for(lambda: knobs.closed_early)  # cancelled at the gate, within the grace period plus a poll
+    with httpx.stream("GET", f"{impatient}/v1/streams/{stream_id}?after=2") as r:
+        tail = list(sse_events(r.iter_lines()))
+    assert [e["id"] for e in head + tail] == [f"{stream_id}:{i}" for i in range(1, len(tail) + 3)]
+    assert json.loads(tail[-2]["data"])["error"]["code"] == "aborted" and tail[-1]["data"] == "[DONE]"
+    assert "no client has read the stream" in json.loads(tail[-2]["data"])["error"]["message"]
+
+
+def test_a_slow_generation_with_its_client_still_there_is_not_aborted(impatient, knobs):
+    knobs.hold_at = 2
+    threading.Timer(1.5, knobs.gate.set).start()  # three grace periods without a new event
+    with chat(impatient) as client:
+        stream = client.chat.completions.create(model="ragqa", stream=True,
+                                                messages=[{"role": "user", "content": question(6)}])
+        chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason == "stop" and not knobs.closed_early
+    assert question(6) in "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_an_error_after_the_stream_started_is_an_error_event_then_done(patient, knobs):
+    url, _ = patient
+    knobs.fail_after = 2
+    msgs = [{"role": "user", "content": question(4)}]
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
+        assert r.status_code == 200
+        events = list(sse_events(r.iter_lines()))
+    assert [e["data"] for e in events][-1] == "[DONE]"
+    error = json.loads(events[-2]["data"])["error"]
+    assert error["code"] == "generator_error" and "closed the stream" in error["message"]
+    assert len(events) == 5 and all("id" in e for e in events)  # role, two deltas, error, [DONE]
+    with chat(url) as client:
+        stream = client.chat.completions.create(model="ragqa", messages=msgs, stream=True)
+        with pytest.raises(openai.APIError, match="closed the stream"):
+            list(stream)
+    with httpx.stream("POST", f"{url}/v1/ask", json={"question": question(4), "stream": True}) as r:
+        kinds = [e["event"] for e in sse_events(r.iter_lines())]
+    assert kinds == ["sources", "delta", "delta", "error"]
+    r = httpx.post(f"{url}/v1/ask", json={"question": question(4)})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "generator_error"
+
+
+def test_a_generator_that_is_down_gives_degraded_answers_and_ready_says_so(patient, knobs):
+    url, _ = patient
+    before = _degraded(url)
+    knobs.down = True
+    r = httpx.post(f"{url}/v1/ask", json={"question": question(9)}).json()
+    assert r["degraded"] is True and question(9) in r["answer"]
+    assert _degraded(url) == before + 1
+    ready = httpx.get(f"{url}/ready").json()
+    assert ready["status"] == "degraded" and ready["backends"]["generator"]["state"] == "down"
+    knobs.down = False
+    assert httpx.post(f"{url}/v1/ask", json={"question": question(9)}).json()["degraded"] is False
+    assert httpx.get(f"{url}/ready").json()["status"] == "ready"
+
+
+def _degraded(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("answers_degraded_total "):
+            return float(line.split()[1])
+    raise AssertionError("answers_degraded_total is missing")
