@@ -88,53 +88,57 @@ class ContextPacker:
         self.min_passage_tokens = min_passage_tokens
 
     def pack(self, hits: Sequence[Hit]) -> PackedContext:
-        parts: list[str] = []
-        passages: list[Passage] = []
-        citations: dict[int, Citation] = {}
-        used = 0
-        truncated: str | None = None
         ranked = [h for h in hits if h.chunk is not None]
-        stop_at = len(ranked)
-        for i, h in enumerate(ranked):
+        blocks: list[str] = []
+        sizes: list[int] = []
+        truncated: str | None = None
+        used = 0
+        for h in ranked:
             chunk = h.chunk
             assert chunk is not None
-            label = len(passages) + 1
+            label = len(blocks) + 1
             block = f"{passage_header(label, chunk)}\n{chunk.text}"
-            candidate = SEPARATOR.join([*parts, block])
-            tokens = self.count(candidate)
-            if tokens > self.max_tokens:
-                cut = self._truncate(parts, label, chunk)
+            # Counted block by block (separators are whitespace, where tokenizers split);
+            # the total is checked on the whole text below.
+            size = self.count((SEPARATOR if blocks else "") + block)
+            if used + size > self.max_tokens:
+                cut = self._truncate(label, chunk, self.max_tokens - used - (self.count(SEPARATOR) if blocks else 0))
                 if cut is not None:
-                    block, tokens = cut
+                    blocks.append(cut[0])
+                    sizes.append(cut[1])
                     truncated = chunk.id
-                    parts.append(block)
-                    passages.append(Passage(label, chunk, tokens - used, h.score))
-                    citations[label] = _citation(label, chunk)
-                    used = tokens
-                stop_at = i + 1 if cut is not None else i
                 break
-            parts.append(block)
-            passages.append(Passage(label, chunk, tokens - used, h.score))
-            citations[label] = _citation(label, chunk)
-            used = tokens
-        dropped = tuple(h.chunk_id for h in ranked[stop_at:])
-        text = SEPARATOR.join(parts)
-        return PackedContext(text, tuple(passages), citations, used, self.max_tokens, dropped, truncated)
+            blocks.append(block)
+            sizes.append(size)
+            used += size
+        text = SEPARATOR.join(blocks)
+        tokens = self.count(text)
+        while tokens > self.max_tokens and blocks:  # a tokenizer merged across a boundary
+            blocks.pop()
+            sizes.pop()
+            truncated = None
+            text = SEPARATOR.join(blocks)
+            tokens = self.count(text)
+        passages = tuple(Passage(i + 1, h.chunk, size, h.score)  # type: ignore[arg-type]
+                         for i, (h, size) in enumerate(zip(ranked, sizes, strict=False)))
+        citations = {p.label: _citation(p.label, p.chunk) for p in passages}
+        dropped = tuple(h.chunk_id for h in ranked[len(passages):])
+        return PackedContext(text, passages, citations, tokens, self.max_tokens, dropped,
+                             truncated if passages and truncated == passages[-1].chunk.id else None)
 
-    def _truncate(self, parts: list[str], label: int, chunk: Chunk) -> tuple[str, int] | None:
-        """The longest word-boundary prefix of ``chunk`` that still fits, with its token count."""
+    def _truncate(self, label: int, chunk: Chunk, room: int) -> tuple[str, int] | None:
+        """The longest word-boundary prefix of ``chunk`` whose block fits ``room`` tokens."""
         head = f"{passage_header(label, chunk)}\n"
-        before = self.count(SEPARATOR.join([*parts, head])) if parts else self.count(head)
-        if self.max_tokens - before < self.min_passage_tokens:
+        if room - self.count(head) < self.min_passage_tokens:
             return None
         text = chunk.text
         lo, hi, best = 1, len(text) - 1, None
         while lo <= hi:  # binary search on the prefix length, in characters
             mid = (lo + hi) // 2
-            prefix = _word_prefix(text, mid)
-            tokens = self.count(SEPARATOR.join([*parts, head + prefix + " …"]))
-            if tokens <= self.max_tokens:
-                best, lo = (head + prefix + " …", tokens), mid + 1
+            block = head + _word_prefix(text, mid) + " …"
+            tokens = self.count(block)
+            if tokens <= room:
+                best, lo = (block, tokens), mid + 1
             else:
                 hi = mid - 1
         return best

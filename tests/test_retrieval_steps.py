@@ -48,6 +48,7 @@ def test_near_duplicates_of_a_better_hit_are_dropped():
             hit("zh2", 1.8, "北京是中华人民共和国的首都。", doc="z")]
     kept = [h.chunk_id for h in drop_near_duplicates(hits, threshold=0.8)]
     assert kept == ["a", "other-doc", "distinct", "zh1"]
+    assert [h.chunk_id for h in drop_near_duplicates(hits, threshold=0.8, limit=2)] == ["a", "other-doc"]
     # Only full containment counts at 1.0; "other-doc" then repeats "overlap"'s exact text.
     assert [h.chunk_id for h in drop_near_duplicates(hits, threshold=1.0)] == ["a", "overlap", "distinct", "zh1"]
 

@@ -168,7 +168,7 @@ class HybridRetriever:
         if self.recency_half_life_days is not None:
             hits = boost_recent(hits, self.recency_half_life_days, self.recency_weight, self.now)
         if self.dedup_threshold is not None:
-            hits = drop_near_duplicates(hits, self.dedup_threshold)
+            hits = drop_near_duplicates(hits, self.dedup_threshold, limit=k)
         clock.lap("tidy")
         return Retrieval(hits[:k], clock.timings)
 

@@ -52,17 +52,20 @@ def words(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(_CJK.sub(" ", lowered))) | frozenset(_CJK.findall(lowered))
 
 
-def drop_near_duplicates(hits: Sequence[Hit], threshold: float) -> list[Hit]:
+def drop_near_duplicates(hits: Sequence[Hit], threshold: float, limit: int | None = None) -> list[Hit]:
     """Remove hits whose text is (nearly) contained in a better hit.
 
     A hit is dropped when it has the same text as a better hit (any document), or when
     ``threshold`` of its words already appear in a better hit of the same document (pages
     whose chunks overlap, a section repeated on one page). Hits without a chunk are kept.
+    With ``limit``, it stops once that many hits are kept.
     """
     kept: list[Hit] = []
     seen_hashes: set[str] = set()
     kept_words: dict[str, list[frozenset[str]]] = {}
     for h in hits:
+        if limit is not None and len(kept) >= limit:
+            break
         if h.chunk is None:
             kept.append(h)
             continue
