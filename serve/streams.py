@@ -6,11 +6,11 @@ back with ``Last-Event-ID: <stream_id>:<seq>`` gets exactly the events after ``s
 missed, none repeated, whether the generation is still running or has finished. Events
 are kept for ``stream_retention_s`` after the last one.
 
-Readers heartbeat the stream each time they poll the store. A generation nobody has
-polled for ``disconnect_grace_s`` is cancelled, which closes the generator (and aborts the
-request in the engine), and the stream ends with the route's error events (code
-``aborted``). Heartbeats live in the store, so a Redis store gives the same behaviour
-across workers.
+A generation with no connection following it for ``disconnect_grace_s`` is cancelled,
+which closes the generator (and aborts the request in the engine), and the stream ends with
+the route's error events (code ``aborted``). Connections in this process are counted while
+they are open; readers also heartbeat the stream in the store each time they poll it, so
+with a Redis store a reader on another worker keeps the generation alive too.
 
 Example::
 
@@ -189,6 +189,8 @@ class StreamManager:
         self.poll_s = poll_s if poll_s is not None else max(0.05, min(1.0, grace_s / 4))
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._reasons: dict[str, str] = {}
+        self._readers: dict[str, int] = {}  # connections following a stream in this process
+        self._left: dict[str, float] = {}  # when the last of them went away
 
     @property
     def running(self) -> int:
@@ -246,6 +248,7 @@ class StreamManager:
             if watchdog is not None:
                 watchdog.cancel()
             self._reasons.pop(stream_id, None)
+            self._left.pop(stream_id, None)
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -255,7 +258,9 @@ class StreamManager:
             info = await self.store.info(stream_id)
             if info is None or info.finished:
                 return
-            away = time.time() - info.last_seen
+            if self._readers.get(stream_id):  # connected here: a busy loop is no absence
+                continue
+            away = time.time() - max(info.last_seen, self._left.get(stream_id, 0.0))
             if away > self.grace_s:
                 self._reasons[stream_id] = f"no client has read the stream for {away:.1f} s"
                 task.cancel()
@@ -263,13 +268,21 @@ class StreamManager:
 
     async def follow(self, stream_id: str, after: int = 0) -> AsyncIterator[StreamEvent]:
         """Yield the events after ``after`` as they are stored, until the stream finishes."""
-        while True:
-            events, finished = await self.store.read_after(stream_id, after, self.poll_s)
-            for event in events:
-                yield event
-                after = event.seq
-            if finished and not events:
-                return
+        self._readers[stream_id] = self._readers.get(stream_id, 0) + 1
+        try:
+            while True:
+                events, finished = await self.store.read_after(stream_id, after, self.poll_s)
+                for event in events:
+                    yield event
+                    after = event.seq
+                if finished and not events:
+                    return
+        finally:
+            self._readers[stream_id] -= 1
+            if not self._readers[stream_id]:
+                del self._readers[stream_id]
+                if stream_id in self._tasks:
+                    self._left[stream_id] = time.time()
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Abort every running generation (server shutdown); each stream gets its error event."""
