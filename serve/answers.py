@@ -20,7 +20,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from rag.answer import AnswerEvent
 from rag.errors import GeneratorError, RequestError
 from serve.deps import AppState, Caller
-from serve.errors import NotFound
+from serve.errors import ClientGone, NotFound
 from serve.metrics import STREAMS_RUNNING, observe_answer
 from serve.streams import parse_event_id
 
@@ -52,13 +52,16 @@ class Collected:
 
 async def collect(events: AsyncIterator[AnswerEvent]) -> Collected:
     parts: list[str] = []
-    async for event in events:
-        if event.kind == "delta":
-            parts.append(event.text)
-        elif event.kind == "error":
-            raise GeneratorError(event.error or "generation failed")
-        elif event.kind == "done":
-            return Collected("".join(parts).strip(), event)
+    try:
+        async for event in events:
+            if event.kind == "delta":
+                parts.append(event.text)
+            elif event.kind == "error":
+                raise GeneratorError(event.error or "generation failed")
+            elif event.kind == "done":
+                return Collected("".join(parts).strip(), event)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
     raise GeneratorError("the answer stream ended without a result")
 
 
@@ -77,7 +80,7 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
     if not task.done():
         task.cancel()
-        raise asyncio.CancelledError("the client disconnected")
+        raise ClientGone("the client disconnected; its answer was cancelled")
     return task.result()
 
 
@@ -85,14 +88,15 @@ def sse_response(state: AppState, stream_id: str, after: int = 0, *, ping: bool 
     """The stored events of ``stream_id`` after ``after``, each with ``id: <stream_id>:<seq>``.
 
     ``ping=False`` for the chat route: after an event with an id, OpenAI's Python client
-    parses a keep-alive comment as an event with empty data and fails on it.
+    parses a keep-alive comment as an event with empty data and fails on it. (A day-long
+    interval rather than ``ping=0``, which busy-loops in sse-starlette before its fix of #206.)
     """
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         async for event in state.streams.follow(stream_id, after):
             yield ServerSentEvent(data=event.data, event=event.event, id=f"{stream_id}:{event.seq}")
 
-    return EventSourceResponse(events(), ping=None if ping else 0, sep="\n",
+    return EventSourceResponse(events(), ping=None if ping else 86_400, sep="\n",
                                headers={"X-Stream-Id": stream_id, "Cache-Control": "no-store"})
 
 

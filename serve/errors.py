@@ -36,7 +36,7 @@ from rag.errors import (
 )
 from rag.filters import FILTER_FIELDS
 
-__all__ = ["NotFound", "error_body", "status_of", "install_handlers", "filter_param"]
+__all__ = ["NotFound", "ClientGone", "error_body", "status_of", "install_handlers", "filter_param"]
 
 log = logging.getLogger("ragqa.serve")
 
@@ -49,9 +49,14 @@ class NotFound(RagError):
         self.param = param
 
 
+class ClientGone(RagError):
+    """The client disconnected before its answer was ready; the work was cancelled."""
+
+
 # Most specific first: the first class in an error's MRO that is listed wins.
 STATUS: dict[type[RagError], tuple[int, str, str]] = {
     NotFound: (404, "not_found_error", "not_found"),
+    ClientGone: (499, "client_closed_request", "client_gone"),
     RequestError: (422, "invalid_request_error", "invalid_value"),
     FilterError: (422, "invalid_request_error", "invalid_filter"),
     DataDirLocked: (409, "conflict_error", "data_dir_locked"),
