@@ -42,9 +42,13 @@ log = logging.getLogger("ragqa.serve")
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None,
-               answerer: Answerer | None = None) -> FastAPI:
+               answerer: Answerer | None = None, *, with_scheduler: bool = False) -> FastAPI:
     """The service over ``services`` (built from ``settings`` when not given, and then closed
-    at shutdown), answering with ``answerer`` (default: ``Answerer(services)``)."""
+    at shutdown), answering with ``answerer`` (default: ``Answerer(services)``).
+
+    ``with_scheduler`` also runs the crawl schedule in this process while the app runs (use
+    it with one worker; with several, run it once beside them, as ``ragqa serve`` does).
+    """
     owned = services is None and answerer is None
     if services is None:
         services = answerer.services if answerer is not None else Services(settings or Settings.load())
@@ -59,9 +63,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(_warm, services)
         state.generator = await _start_generator(answerer, settings.generator.fallback)
+        scheduler = _start_scheduler(services) if with_scheduler else None
         try:
             yield
         finally:
+            if scheduler is not None:
+                await asyncio.to_thread(scheduler.shutdown, True)  # waits for a running crawl
             await state.streams.close()
             await answerer.close()
             if owned:
@@ -89,6 +96,15 @@ def _warm(services: Services) -> None:
             getattr(services, name)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and by the first question
             log.warning("%s not ready at start-up: %s", name, exc)
+
+
+def _start_scheduler(services: Services) -> Any:
+    from ingest import scheduler as sched
+
+    scheduler = sched.build_scheduler(services)
+    jobs = sched.start(scheduler, services)
+    log.info("crawl schedule running: %s", ", ".join(jobs) or "no sources yet")
+    return scheduler
 
 
 async def _start_generator(answerer: Answerer, fallback: bool) -> GeneratorHealth:

@@ -31,28 +31,28 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
     services = obj.services
     cfg = services.settings.serve
     host, port, workers = host or cfg.host, cfg.port if port is None else port, workers or cfg.workers
+    level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
+    if workers == 1:  # the schedule runs in the app's lifespan, so it stops before the process does
+        app = create_app(services.settings, services=services, with_scheduler=with_scheduler)
+        _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
+                                         timeout_graceful_shutdown=10)).run()
+        return
+    # Each worker builds its own app from the same settings, passed on in the environment.
+    if obj.config:
+        os.environ["RAG_CONFIG"] = str(obj.config)
+    os.environ["RAG_DATA_DIR"] = str(services.data_dir)
+    click.echo(f"ragqa: starting {workers} workers; streams resume on the worker that started them, "
+               "and /metrics counts per worker", err=True)
     scheduler = None
-    if with_scheduler:
+    if with_scheduler:  # once, in this supervising process, not in every worker
         from ingest import scheduler as sched
 
-        scheduler = sched.build_scheduler(services)  # in this process, whatever the worker count
+        scheduler = sched.build_scheduler(services)
         sched.start(scheduler, services)
-    level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
     try:
-        if workers == 1:
-            app = create_app(services.settings, services=services)
-            _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
-                                             timeout_graceful_shutdown=10)).run()
-        else:
-            # Each worker builds its own app from the same settings, passed on in the environment.
-            if obj.config:
-                os.environ["RAG_CONFIG"] = str(obj.config)
-            os.environ["RAG_DATA_DIR"] = str(services.data_dir)
-            click.echo(f"ragqa: starting {workers} workers; streams resume on the worker that started them, "
-                       "and /metrics counts per worker", err=True)
-            _announce(host, port)
-            uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
-                        log_level=level, timeout_graceful_shutdown=10)
+        _announce(host, port)
+        uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
+                    log_level=level, timeout_graceful_shutdown=10)
     finally:
         if scheduler is not None:
             scheduler.shutdown(wait=True)
