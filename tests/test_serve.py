@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -83,6 +84,13 @@ def live(app) -> Iterator[str]:
 def base_url(corpus: Services) -> Iterator[str]:
     with live(create_app(corpus.settings, services=corpus)) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    """Plain HTTP, patient enough for a busy 2-core machine."""
+    with httpx.Client(timeout=60) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +187,7 @@ def test_conversation_history_and_models(client):
 
 
 # -- errors before the stream -------------------------------------------------------------
-def test_an_unknown_filter_is_a_422_naming_the_field(client, base_url):
+def test_an_unknown_filter_is_a_422_naming_the_field(client, base_url, http):
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.chat.completions.create(model="ragqa", messages=[{"role": "user", "content": "x y"}],
                                        extra_body={"rag": {"filters": {"colour": "red"}}})
@@ -187,14 +195,14 @@ def test_an_unknown_filter_is_a_422_naming_the_field(client, base_url):
     assert error["param"] == "rag.filters.colour" and error["type"] == "invalid_request_error"
     assert error["code"] == "unknown_field" and "source" in error["message"]
     for stream in (False, True):  # a stream that cannot start is a JSON error, not a stream
-        r = httpx.post(f"{base_url}/v1/ask", json={"question": "q", "stream": stream, "filters": {"colour": 1}})
+        r = http.post(f"{base_url}/v1/ask", json={"question": "q", "stream": stream, "filters": {"colour": 1}})
         assert r.status_code == 422 and r.headers["content-type"] == "application/json"
         assert r.json()["error"]["param"] == "filters.colour"
 
 
-def test_bad_values_name_their_field(base_url):
+def test_bad_values_name_their_field(base_url, http):
     def error(path: str, body: dict) -> dict:
-        r = httpx.post(f"{base_url}{path}", json=body)
+        r = http.post(f"{base_url}{path}", json=body)
         assert r.status_code == 422, r.text
         return r.json()["error"]
 
@@ -210,7 +218,7 @@ def test_bad_values_name_their_field(base_url):
     assert error("/v1/ask", {"question": "q", "top_k": 500})["param"] == "top_k"
 
 
-def test_limits_on_body_size_message_count_and_question_length(client, base_url):
+def test_limits_on_body_size_message_count_and_question_length(client, base_url, http):
     many = [{"role": "user", "content": "hi"}] * 9
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.chat.completions.create(model="ragqa", messages=many)
@@ -219,16 +227,16 @@ def test_limits_on_body_size_message_count_and_question_length(client, base_url)
         client.chat.completions.create(model="ragqa", messages=[{"role": "user", "content": "x" * MAX_BODY}])
     assert info.value.status_code == 413 and info.value.body["code"] == "too_large"
     assert f"at most {MAX_BODY} bytes" in info.value.body["message"]
-    chunked = httpx.post(f"{base_url}/v1/ask", content=(b"x" * 4096 for _ in range(10)),  # no Content-Length
+    chunked = http.post(f"{base_url}/v1/ask", content=(b"x" * 4096 for _ in range(10)),  # no Content-Length
                          headers={"content-type": "application/json"})
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "too_large"
-    long = httpx.post(f"{base_url}/v1/ask", json={"question": "why " * 200})
+    long = http.post(f"{base_url}/v1/ask", json={"question": "why " * 200})
     assert long.status_code == 422 and long.json()["error"]["param"] == "question"
     assert "at most 500" in long.json()["error"]["message"]
 
 
-def test_openapi_documents_the_error_shape_on_every_route(base_url):
-    spec = httpx.get(f"{base_url}/openapi.json").json()
+def test_openapi_documents_the_error_shape_on_every_route(base_url, http):
+    spec = http.get(f"{base_url}/openapi.json").json()
     assert set(spec["components"]["schemas"]["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
@@ -241,20 +249,20 @@ def test_openapi_documents_the_error_shape_on_every_route(base_url):
 
 
 # -- the native route ---------------------------------------------------------------------
-def test_ask_returns_answer_citations_timings_cache_and_degraded(base_url):
-    r = httpx.post(f"{base_url}/v1/ask", json={"question": question(11), "top_k": 4})
+def test_ask_returns_answer_citations_timings_cache_and_degraded(base_url, http):
+    r = http.post(f"{base_url}/v1/ask", json={"question": question(11), "top_k": 4})
     assert r.status_code == 200, r.text
     body = r.json()
     assert question(11) in body["answer"] and body["citations"][0]["doc_id"] == "alpha:d11.md"
     assert body["cache"] == "miss" and body["degraded"] is False and body["finish_reason"] == "stop"
     assert {"embed_ms", "retrieve_ms", "rerank_ms", "generate_ms", "total_ms"} <= set(body["timings"])
-    again = httpx.post(f"{base_url}/v1/ask", json={"question": question(12),
+    again = http.post(f"{base_url}/v1/ask", json={"question": question(12),
                                                    "conversation_id": body["conversation_id"]}).json()
     assert again["conversation_id"] == body["conversation_id"] and question(12) in again["answer"]
 
 
-def test_ask_streams_named_events_with_ids(base_url):
-    with httpx.stream("POST", f"{base_url}/v1/ask", json={"question": question(13), "stream": True}) as r:
+def test_ask_streams_named_events_with_ids(base_url, http):
+    with http.stream("POST", f"{base_url}/v1/ask", json={"question": question(13), "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = list(sse_events(r.iter_lines()))
     sid = r.headers["x-stream-id"]
@@ -269,9 +277,9 @@ def test_ask_streams_named_events_with_ids(base_url):
 
 
 # -- operations ---------------------------------------------------------------------------
-def test_health_and_ready(base_url):
-    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
-    ready = httpx.get(f"{base_url}/ready")
+def test_health_and_ready(base_url, http):
+    assert http.get(f"{base_url}/health").json() == {"status": "ok"}
+    ready = http.get(f"{base_url}/ready")
     assert ready.status_code == 200
     body = ready.json()
     assert body["status"] == "ready"
@@ -281,11 +289,11 @@ def test_health_and_ready(base_url):
     assert body["backends"]["generator"] == {"state": "ready", "backend": "extractive", "detail": None}
 
 
-def test_metrics_count_requests_and_time_each_stage(client, base_url):
+def test_metrics_count_requests_and_time_each_stage(client, base_url, http):
     client.chat.completions.create(model="ragqa", messages=[{"role": "user", "content": question(2)}])
     with contextlib.suppress(openai.APIStatusError):
         client.chat.completions.create(model="ragqa", messages=[{"role": "user", "content": "x" * MAX_BODY}])
-    r = httpx.get(f"{base_url}/metrics")
+    r = http.get(f"{base_url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
     assert 'http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
@@ -299,19 +307,19 @@ def test_metrics_count_requests_and_time_each_stage(client, base_url):
 
 
 # -- admin --------------------------------------------------------------------------------
-def test_sources_documents_and_reindex(base_url, corpus):
-    sources = httpx.get(f"{base_url}/v1/sources").json()
+def test_sources_documents_and_reindex(base_url, corpus, http):
+    sources = http.get(f"{base_url}/v1/sources").json()
     assert [(s["name"], s["documents"]) for s in sources] == [("alpha", 20), ("beta", 10)]
-    doc = httpx.get(f"{base_url}/v1/documents/alpha:d03.md").json()
+    doc = http.get(f"{base_url}/v1/documents/alpha:d03.md").json()
     assert doc["source"] == "alpha" and question(3) in doc["chunks"][0]["text"]
-    missing = httpx.get(f"{base_url}/v1/documents/alpha:nope.md")
+    missing = http.get(f"{base_url}/v1/documents/alpha:nope.md")
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "doc_id"
-    report = httpx.post(f"{base_url}/v1/sources/alpha/reindex", timeout=60)
+    report = http.post(f"{base_url}/v1/sources/alpha/reindex", timeout=60)
     assert report.status_code == 200 and report.json()["unchanged"] == 20 and report.json()["mode"] == "incremental"
-    assert httpx.post(f"{base_url}/v1/sources/gamma/reindex").status_code == 404
+    assert http.post(f"{base_url}/v1/sources/gamma/reindex").status_code == 404
     held = FileLock(str(corpus.data_dir / "write.lock"))  # another process's reindex, as far as flock sees
     with held.acquire(timeout=5):
-        locked = httpx.post(f"{base_url}/v1/sources/alpha/reindex?mode=full")
+        locked = http.post(f"{base_url}/v1/sources/alpha/reindex?mode=full")
     assert locked.status_code == 409 and locked.json()["error"]["code"] == "data_dir_locked"
 
 
@@ -334,17 +342,29 @@ def test_ragqa_ask_json_and_stream(corpus):
     assert kinds[0] == "sources" and kinds[-1] == "done"
 
 
-def test_ragqa_serve_says_where_to_point_a_browser(corpus):
+def test_ragqa_serve_says_where_to_point_a_browser_and_runs_the_schedule(corpus, http):
     env = {**os.environ, **cli_env(corpus)}
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "serve", "--port", "0"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--with-scheduler"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert "point a browser at http://127.0.0.1:" in line, line + proc.stderr.read()
         url = line.split("point a browser at ")[1].split()[0].removesuffix("/docs")
-        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
-        assert httpx.get(f"{url}/docs").status_code == 200
+        assert http.get(f"{url}/health").json() == {"status": "ok"}
+        assert http.get(f"{url}/docs").status_code == 200
+        with contextlib.closing(sqlite3.connect(corpus.data_dir / "jobs.db")) as db:
+            jobs = sorted(row[0] for row in db.execute("SELECT id FROM apscheduler_jobs"))
+        assert jobs == ["alpha:full", "alpha:incremental", "beta:full", "beta:incremental"]
     finally:
         proc.terminate()  # uvicorn shuts down gracefully, then re-raises SIGTERM
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM and "Traceback" not in err, err
+
+
+def test_create_app_without_arguments_reads_the_settings_like_every_worker(corpus, monkeypatch):
+    for key, value in cli_env(corpus).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RAG_SERVE__MAX_MESSAGES", "3")
+    state = create_app().state.ragqa
+    assert state.settings.data_dir == corpus.data_dir and state.settings.serve.max_messages == 3
+    assert state.answerer.generator.name == "extractive"

@@ -28,6 +28,7 @@ from tests import test_serve
 from tests.test_serve import live, question, sse_events
 
 corpus = test_serve.corpus  # the index fixture, built once for this module too
+http = test_serve.http
 
 
 class Gated:
@@ -115,7 +116,7 @@ def comparable(chunk) -> dict:  # an openai chunk
     return chunk.model_dump(exclude={"id", "created"})
 
 
-def wait_for(condition, timeout_s: float = 15.0) -> None:
+def wait_for(condition, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -158,56 +159,56 @@ def test_openai_client_resumes_a_running_stream_with_last_event_id(patient, knob
     assert not knobs.closed_early
 
 
-def test_resume_after_the_generation_finished_by_get_or_re_post(patient, knobs):
+def test_resume_after_the_generation_finished_by_get_or_re_post(patient, knobs, http):
     url, state = patient
     body = {"question": question(8), "stream": True}
-    with httpx.stream("POST", f"{url}/v1/ask", json=body) as r:
+    with http.stream("POST", f"{url}/v1/ask", json=body) as r:
         reference = list(sse_events(r.iter_lines()))
     knobs.hold_at = 2
-    with httpx.stream("POST", f"{url}/v1/ask", json=body) as r:
+    with http.stream("POST", f"{url}/v1/ask", json=body) as r:
         events = sse_events(r.iter_lines())
         head = [next(events), next(events), next(events)]
     stream_id = r.headers["x-stream-id"]
     knobs.gate.set()
     wait_for(lambda: finished(state, stream_id))
-    with httpx.stream("GET", f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:3"}) as r:
+    with http.stream("GET", f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:3"}) as r:
         tail = list(sse_events(r.iter_lines()))
     union = head + tail
     assert [e["id"] for e in union] == [f"{stream_id}:{i}" for i in range(1, len(reference) + 1)]
     assert [same_run(e) for e in union] == [same_run(e) for e in reference]
     # the same by re-sending the request, and from any point
-    with httpx.stream("POST", f"{url}/v1/ask", json=body, headers={"Last-Event-ID": f"{stream_id}:1"}) as r:
+    with http.stream("POST", f"{url}/v1/ask", json=body, headers={"Last-Event-ID": f"{stream_id}:1"}) as r:
         assert [e["id"] for e in sse_events(r.iter_lines())] == [e["id"] for e in union[1:]]
-    with httpx.stream("GET", f"{url}/v1/streams/{stream_id}?after=0") as r:
+    with http.stream("GET", f"{url}/v1/streams/{stream_id}?after=0") as r:
         assert [e["data"] for e in sse_events(r.iter_lines())] == [e["data"] for e in union]
 
 
-def test_resume_errors(patient):
+def test_resume_errors(patient, http):
     url, _ = patient
-    r = httpx.get(f"{url}/v1/streams/nosuchstream", headers={"Last-Event-ID": "nosuchstream:4"})
+    r = http.get(f"{url}/v1/streams/nosuchstream", headers={"Last-Event-ID": "nosuchstream:4"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "Last-Event-ID"
-    r = httpx.post(f"{url}/v1/ask", json={"question": "q", "stream": True}, headers={"Last-Event-ID": "x:y"})
+    r = http.post(f"{url}/v1/ask", json={"question": "q", "stream": True}, headers={"Last-Event-ID": "x:y"})
     assert r.status_code == 422 and "<stream_id>:<seq>" in r.json()["error"]["message"]
-    with httpx.stream("POST", f"{url}/v1/ask", json={"question": question(2), "stream": True}) as r:
+    with http.stream("POST", f"{url}/v1/ask", json={"question": question(2), "stream": True}) as r:
         ask_events = list(sse_events(r.iter_lines()))
     stream_id = r.headers["x-stream-id"]
     msgs = [{"role": "user", "content": "q"}]
-    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True},
+    r = http.post(f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True},
                    headers={"Last-Event-ID": f"{stream_id}:1"})
     assert r.status_code == 422 and "ask route" in r.json()["error"]["message"]
-    r = httpx.get(f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:{len(ask_events) + 5}"})
+    r = http.get(f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:{len(ask_events) + 5}"})
     assert r.status_code == 422
 
 
-def test_a_client_that_never_comes_back_has_its_generation_aborted(impatient, knobs):
+def test_a_client_that_never_comes_back_has_its_generation_aborted(impatient, knobs, http):
     knobs.hold_at = 2
     msgs = [{"role": "user", "content": question(5)}]
-    with httpx.stream("POST", f"{impatient}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
+    with http.stream("POST", f"{impatient}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
         events = sse_events(r.iter_lines())
         head = [next(events), next(events)]
     stream_id = r.headers["x-stream-id"]
     wait_for(lambda: knobs.closed_early)  # cancelled at the gate, within the grace period plus a poll
-    with httpx.stream("GET", f"{impatient}/v1/streams/{stream_id}?after=2") as r:
+    with http.stream("GET", f"{impatient}/v1/streams/{stream_id}?after=2") as r:
         tail = list(sse_events(r.iter_lines()))
     assert [e["id"] for e in head + tail] == [f"{stream_id}:{i}" for i in range(1, len(tail) + 3)]
     assert json.loads(tail[-2]["data"])["error"]["code"] == "aborted" and tail[-1]["data"] == "[DONE]"
@@ -225,11 +226,11 @@ def test_a_slow_generation_with_its_client_still_there_is_not_aborted(impatient,
     assert question(6) in "".join(c.choices[0].delta.content or "" for c in chunks)
 
 
-def test_an_error_after_the_stream_started_is_an_error_event_then_done(patient, knobs):
+def test_an_error_after_the_stream_started_is_an_error_event_then_done(patient, knobs, http):
     url, _ = patient
     knobs.fail_after = 2
     msgs = [{"role": "user", "content": question(4)}]
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
+    with http.stream("POST", f"{url}/v1/chat/completions", json={"messages": msgs, "stream": True}) as r:
         assert r.status_code == 200
         events = list(sse_events(r.iter_lines()))
     assert [e["data"] for e in events][-1] == "[DONE]"
@@ -240,29 +241,38 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done(patient, 
         stream = client.chat.completions.create(model="ragqa", messages=msgs, stream=True)
         with pytest.raises(openai.APIError, match="closed the stream"):
             list(stream)
-    with httpx.stream("POST", f"{url}/v1/ask", json={"question": question(4), "stream": True}) as r:
+    with http.stream("POST", f"{url}/v1/ask", json={"question": question(4), "stream": True}) as r:
         kinds = [e["event"] for e in sse_events(r.iter_lines())]
     assert kinds == ["sources", "delta", "delta", "error"]
-    r = httpx.post(f"{url}/v1/ask", json={"question": question(4)})
+    r = http.post(f"{url}/v1/ask", json={"question": question(4)})
     assert r.status_code == 503 and r.json()["error"]["code"] == "generator_error"
 
 
-def test_a_generator_that_is_down_gives_degraded_answers_and_ready_says_so(patient, knobs):
+def test_a_generator_that_is_down_gives_degraded_answers_and_ready_says_so(patient, knobs, http):
     url, _ = patient
-    before = _degraded(url)
+    before = _degraded(http, url)
     knobs.down = True
-    r = httpx.post(f"{url}/v1/ask", json={"question": question(9)}).json()
+    r = http.post(f"{url}/v1/ask", json={"question": question(9)}).json()
     assert r["degraded"] is True and question(9) in r["answer"]
-    assert _degraded(url) == before + 1
-    ready = httpx.get(f"{url}/ready").json()
+    assert _degraded(http, url) == before + 1
+    ready = http.get(f"{url}/ready").json()
     assert ready["status"] == "degraded" and ready["backends"]["generator"]["state"] == "down"
     knobs.down = False
-    assert httpx.post(f"{url}/v1/ask", json={"question": question(9)}).json()["degraded"] is False
-    assert httpx.get(f"{url}/ready").json()["status"] == "ready"
+    assert http.post(f"{url}/v1/ask", json={"question": question(9)}).json()["degraded"] is False
+    assert http.get(f"{url}/ready").json()["status"] == "ready"
 
 
-def _degraded(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+def _degraded(http: httpx.Client, url: str) -> float:
+    for line in http.get(f"{url}/metrics").text.splitlines():
         if line.startswith("answers_degraded_total "):
             return float(line.split()[1])
     raise AssertionError("answers_degraded_total is missing")
+
+
+def test_a_plain_request_whose_client_left_is_cancelled(patient, knobs, http):
+    url, _ = patient
+    knobs.hold_at = 1
+    with pytest.raises(httpx.ReadTimeout):
+        http.post(f"{url}/v1/ask", json={"question": question(10)}, timeout=0.5)
+    wait_for(lambda: knobs.closed_early)
+    assert 'http_requests_total{method="POST",route="/v1/ask",status="499"}' in http.get(f"{url}/metrics").text
