@@ -276,3 +276,33 @@ def test_a_plain_request_whose_client_left_is_cancelled(patient, knobs, http):
         http.post(f"{url}/v1/ask", json={"question": question(10)}, timeout=0.5)
     wait_for(lambda: knobs.closed_early)
     assert 'http_requests_total{method="POST",route="/v1/ask",status="499"}' in http.get(f"{url}/metrics").text
+
+
+def test_the_memory_store_keeps_a_finished_stream_for_the_retention_period():
+    from serve.errors import NotFound
+    from serve.streams import MemoryStreamStore, StreamStore
+
+    async def run() -> None:
+        store = MemoryStreamStore(retention_s=1.0)
+        assert isinstance(store, StreamStore)
+        await store.create("s1", "ask")
+        assert [await store.append("s1", f"e{i}") for i in range(3)] == [1, 2, 3]
+        waiting = asyncio.create_task(store.read_after("s1", 3, wait_s=5))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # a reader at the end waits for the next event
+        await store.append("s1", "e3", "done")
+        events, finished = await waiting
+        assert [(e.seq, e.data, e.event) for e in events] == [(4, "e3", "done")] and not finished
+        await store.finish("s1")
+        events, finished = await store.read_after("s1", 1, wait_s=5)
+        assert [e.seq for e in events] == [2, 3, 4] and finished
+        finished_at = time.time()
+        await asyncio.sleep(0.1)
+        if time.time() - finished_at < 0.9:  # (a very busy machine could oversleep)
+            assert (await store.info("s1")).events == 4  # still within the retention
+        await asyncio.sleep(1.0)
+        assert await store.info("s1") is None
+        with pytest.raises(NotFound):
+            await store.read_after("s1", 0, wait_s=0)
+
+    asyncio.run(run())
