@@ -31,4 +31,18 @@ if [[ $rc -eq 5 ]]; then
   echo "no tests were collected" >&2
   exit 1
 fi
+
+# The vLLM generator tests run in vLLM's own venv (scripts/vllm_env.sh: built once, about
+# 6 minutes and 6 GB the first time, a no-op after). They run when no pytest arguments were
+# given, or with RAGQA_VLLM_TESTS=1; RAGQA_VLLM_TESTS=0 skips them.
+if [[ "${RAGQA_VLLM_TESTS:-$([[ $# -eq 0 ]] && echo 1 || echo 0)}" == "1" ]]; then
+  source "$ROOT/scripts/vllm_env.sh"
+  say "running the vLLM generator tests (real engine and server, on CPU)"
+  set +e
+  "$RAGQA_VLLM_VENV/bin/python" -m pytest -p no:cacheprovider --noconftest \
+    -m vllm tests/test_vllm_generators.py
+  vrc=$?
+  set -e
+  [[ $rc -eq 0 ]] && rc=$vrc
+fi
 exit $rc
