@@ -132,8 +132,18 @@ class ContextPacker:
         if room - self.count(head) < self.min_passage_tokens:
             return None
         text = chunk.text
-        lo, hi, best = 1, len(text) - 1, None
-        while lo <= hi:  # binary search on the prefix length, in characters
+        full = self.count(head + text)
+        # Start from the proportional guess, then binary search a narrow bracket around it.
+        guess = int(len(text) * room / max(full, 1))
+        lo, hi = max(1, int(guess * 0.85)), min(len(text) - 1, int(guess * 1.15) + 8)
+        best = self._fit(head, text, lo, lo, room)
+        if best is None:  # the guess was far off: search everything below it
+            lo, hi = 1, lo - 1
+        return self._fit(head, text, lo, hi, room) or best
+
+    def _fit(self, head: str, text: str, lo: int, hi: int, room: int) -> tuple[str, int] | None:
+        best = None
+        while lo <= hi:
             mid = (lo + hi) // 2
             block = head + _word_prefix(text, mid) + " …"
             tokens = self.count(block)
