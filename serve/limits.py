@@ -19,9 +19,17 @@ from serve.errors import error_body
 __all__ = ["BodyLimit", "check_question", "check_messages"]
 
 
+DRAIN_BYTES = 16 * 1024 * 1024
+
+
 class BodyLimit:
-    """Refuse bodies over ``max_bytes`` with a 413: by ``Content-Length`` before reading, or
-    while reading a chunked body (which is then buffered and replayed to the app)."""
+    """Refuse bodies over ``max_bytes`` with a 413: by ``Content-Length`` before parsing, or
+    while reading a chunked body (a body within the limit is buffered and replayed to the app).
+
+    A refused body of up to ``DRAIN_BYTES`` is read and dropped before answering: closing a
+    socket with unread data resets it, and the client would see a broken connection instead
+    of the 413. Larger ones get the answer at once, and the connection is closed.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -33,7 +41,8 @@ class BodyLimit:
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(send, int(length))
+            drained = int(length) <= DRAIN_BYTES and await self._drain(receive, 0)
+            await self._refuse(send, int(length), close=not drained)
             return
         chunks, size = [], 0
         while True:
@@ -43,7 +52,8 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._refuse(send, None)
+                drained = not message.get("more_body", False) or await self._drain(receive, size)
+                await self._refuse(send, None, close=not drained)
                 return
             if not message.get("more_body", False):
                 break
@@ -58,14 +68,27 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send, length: int | None) -> None:
+    @staticmethod
+    async def _drain(receive: Receive, size: int) -> bool:
+        """Read the rest of the body, up to ``DRAIN_BYTES`` in all; whether it all came."""
+        while size <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+        return False
+
+    async def _refuse(self, send: Send, length: int | None, close: bool) -> None:
         got = f"{length} bytes" if length is not None else "more than that"
         body = json.dumps(error_body(f"the request body is too large: at most {self.max_bytes} bytes "
                                      f"(serve.max_body_bytes), got {got}", "invalid_request_error",
                                      None, "too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
