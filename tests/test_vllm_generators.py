@@ -272,6 +272,36 @@ class TestEngine:
         *_, last = runner.run(collect(engine.stream(PROMPT, GenerationParams(max_tokens=4))))
         assert last.finish_reason in ("stop", "length")
 
+    def test_the_answer_pipeline_packs_a_long_context_into_the_window(
+            self, engine: Any, runner: asyncio.Runner) -> None:
+        """Far more retrieved text than the model's window: the packer cuts it, the engine accepts it."""
+        from types import SimpleNamespace
+
+        from rag.answer import Answerer
+        from rag.config import Settings
+        from rag.retrieval import Retrieval
+        from rag.types import Chunk, Hit
+
+        hits = [Hit(f"c{i}", 1.0 - i / 10, f"d{i}", Chunk(id=f"c{i}", doc_id=f"d{i}", source="s",
+                                                            text="paris library opening hours " * 80,
+                                                            hash=f"h{i}", title=f"Doc {i}"))
+                for i in range(10)]
+        assert sum(engine.count_tokens(h.chunk.text) for h in hits) > 4 * TINY_MAX_LEN
+        retriever = SimpleNamespace(search=lambda question, k, filters: Retrieval(hits, {}))
+        answerer = Answerer(SimpleNamespace(settings=Settings()), generator=engine,
+                            retriever=retriever)  # type: ignore[arg-type]
+
+        async def ask() -> list[Any]:
+            await answerer.start()
+            return [e async for e in answerer.stream("When does the library open?",
+                                                     overrides={"max_tokens": 16})]
+
+        events = runner.run(asyncio.wait_for(ask(), 120))
+        assert events[0].kind == "sources" and 1 <= len(events[0].citations) < 10
+        done = events[-1]
+        assert done.kind == "done" and not done.degraded and done.finish_reason in ("stop", "length")
+        assert done.usage["prompt_tokens"] + 16 <= TINY_MAX_LEN
+
     def test_not_started_is_an_error(self, tiny_model: Path, runner: asyncio.Runner) -> None:
         from rag.generators.vllm_engine import VllmGenerator
 
