@@ -42,6 +42,15 @@ install_project() {
   "$RAGQA_VENV/bin/pip" install -q -e "$spec" "torch==$TORCH_VERSION"
 }
 
+# ensure_redis: a redis-server for the Redis tests (the stream store, the answer cache), from
+# Debian's package, installed once per machine. Returns non-zero when it cannot be had.
+ensure_redis() {
+  command -v redis-server >/dev/null 2>&1 && return 0
+  say "installing redis-server (Debian's package) for the Redis tests"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } >/dev/null 2>&1
+  command -v redis-server >/dev/null 2>&1
+}
+
 activate() {
   # shellcheck disable=SC1091
   source "$RAGQA_VENV/bin/activate"

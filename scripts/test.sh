@@ -22,6 +22,22 @@ if [[ -z "${RAG_TEST_ES_URL:-}" ]]; then
   fi
 fi
 
+# A throwaway Redis on loopback (nothing saved to disk) for the stream-store and answer-cache
+# tests; it is stopped when the tests end. Without it those tests are skipped.
+export RAGQA_REDIS_PORT="${RAGQA_REDIS_PORT:-6390}"
+if [[ -z "${RAG_TEST_REDIS_URL:-}" ]]; then
+  if ensure_redis && redis-server --bind 127.0.0.1 --port "$RAGQA_REDIS_PORT" --save '' --appendonly no \
+       --daemonize yes --logfile "/tmp/ragqa-redis-$RAGQA_REDIS_PORT.log" \
+     && for _ in $(seq 50); do redis-cli -p "$RAGQA_REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done \
+     && redis-cli -p "$RAGQA_REDIS_PORT" ping >/dev/null 2>&1; then
+    export RAG_TEST_REDIS_URL="redis://127.0.0.1:$RAGQA_REDIS_PORT/0"
+    # keep the trap already set (Elasticsearch's), run after stopping Redis
+    trap "redis-cli -p $RAGQA_REDIS_PORT shutdown nosave >/dev/null 2>&1 || true; $(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT\$/\1/")" EXIT
+  else
+    say "WARNING: Redis could not be started; its tests will be skipped"
+  fi
+fi
+
 say "running the tests"
 set +e
 python -m pytest -p no:cacheprovider "$@"
