@@ -232,6 +232,22 @@ class PromptSettings(BaseModel):
         default_factory=list, description="Few-shot examples, used for questions in their language.")
 
 
+class CacheSettings(BaseModel):
+    """The answer cache in front of generation: exact (same normalised question, filters, tenant,
+    settings and index state) and semantic (a question whose embedding is this close)."""
+
+    backend: Literal["memory", "redis", "off"] = Field(
+        default="memory", description="memory (this process), redis (shared by workers and instances), off.")
+    ttl_s: int = Field(default=3600, ge=1, description="Seconds a cached answer is served.")
+    semantic: bool = Field(default=True, description="Also serve answers of near-identical questions.")
+    semantic_threshold: float = Field(default=0.95, gt=0, le=1, description="Least cosine for a semantic hit.")
+    max_entries: int = Field(default=10_000, ge=1, description="memory: answers kept (least recently used go).")
+    semantic_scan: int = Field(
+        default=256, ge=1, le=10_000, description="redis: the most recent answers per scope a semantic lookup compares.")
+    redis_url: str | None = Field(default=None, description="redis: redis://host:6379/0; default serve.redis_url.")
+    prefix: str = Field(default="ragqa:cache", description="redis: key prefix.")
+
+
 class ChunkingSettings(BaseModel):
     size_tokens: int = Field(default=256, ge=16, le=8192)
     overlap_tokens: int = Field(default=32, ge=0)
@@ -283,6 +299,9 @@ class ServeSettings(BaseModel):
         default=300, gt=0, description="Keep a stream's events this long after its last one, for resume.")
     disconnect_grace_s: float = Field(
         default=30, gt=0, description="Abort a generation whose client has been gone this long.")
+    redis_url: str | None = Field(
+        default=None, description="redis://host:6379/0: keep streams in Redis, so a client resumes on any worker "
+        "or instance (and the answer cache's default Redis); default: this process's memory.")
 
 
 class Settings(BaseSettings):
@@ -309,6 +328,7 @@ class Settings(BaseSettings):
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
 
     @classmethod
     def settings_customise_sources(

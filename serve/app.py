@@ -33,8 +33,9 @@ from serve.deps import AppState, GeneratorHealth
 from serve.errors import install_handlers
 from serve.limits import BodyLimit
 from serve.metrics import RequestMetrics
+from serve.redis_streams import make_stream_store
 from serve.schemas import ChatCompletionChunk
-from serve.streams import MemoryStreamStore, StreamManager
+from serve.streams import StreamManager
 
 __all__ = ["create_app"]
 
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     answerer = answerer or Answerer(services)
     serve = settings.serve
     state = AppState(settings=settings, services=services, answerer=answerer,
-                     streams=StreamManager(MemoryStreamStore(serve.stream_retention_s), serve.disconnect_grace_s),
+                     streams=StreamManager(make_stream_store(serve), serve.disconnect_grace_s),
                      conversations=Conversations())
 
     @contextlib.asynccontextmanager
@@ -70,6 +71,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             if scheduler is not None:
                 await asyncio.to_thread(scheduler.shutdown, True)  # waits for a running crawl
             await state.streams.close()
+            if hasattr(state.streams.store, "aclose"):  # the Redis store's connections
+                await state.streams.store.aclose()
             await answerer.close()
             if owned:
                 services.close()

@@ -1,0 +1,199 @@
+"""A :class:`~serve.streams.StreamStore` in Redis, so a stream resumes on any worker or instance.
+
+Each stream is two keys sharing a hash tag (one Redis Cluster slot): a hash of metadata
+(``kind``, ``owner``, ``events``, ``finished``, ``last_seen``) and a Redis Stream of events.
+Event ``seq`` is also the entry's id (``<seq>-0``), given by ``HINCRBY`` on ``events`` inside
+the same script that adds the entry, so ids are dense and ordered whoever appends. Finishing
+adds a marker entry ``<last seq>-1`` (it sorts after the last event and before any next one)
+and sets ``finished``; a reader that gets the marker knows the stream is over without waiting.
+
+Readers block in ``XREAD BLOCK`` for new entries, so a reader on worker B wakes as soon as
+worker A appends. Each read records ``last_seen`` (the heartbeat the stream manager's
+disconnect grace reads, from any worker).
+
+Retention: every append and every read of an unfinished stream sets both keys to expire
+``retention_s`` later, and finishing does too; so a finished stream is kept ``retention_s``
+after its last event, and a stream whose writer died (no events, no readers) goes away by
+itself after ``retention_s``. (The memory store keeps an unfinished stream indefinitely.)
+
+One blocked reader holds one pooled connection for up to ``wait_s`` (the manager's poll, at
+most 1 s); size Redis' ``maxclients`` for the streams followed at once.
+
+Example::
+
+    store = RedisStreamStore("redis://127.0.0.1:6379/0", retention_s=300)
+    streams = StreamManager(store, grace_s=30)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any
+
+from rag.config import ServeSettings
+from serve.errors import NotFound
+from serve.streams import MemoryStreamStore, StreamEvent, StreamInfo, StreamStore
+
+__all__ = ["RedisStreamStore", "make_stream_store"]
+
+# KEYS: meta, events. ARGV: data, event name ('' for none), retention (ms), now.
+_APPEND = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('NOSTREAM') end
+local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
+redis.call('XADD', KEYS[2], seq .. '-0', 'd', ARGV[1], 'e', ARGV[2])
+redis.call('HSET', KEYS[1], 'last_event', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return seq
+"""
+
+# KEYS: meta, events. ARGV: retention (ms), now.
+_FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'finished') == '1' then return 1 end
+local seq = tonumber(redis.call('HGET', KEYS[1], 'events') or '0')
+redis.call('XADD', KEYS[2], seq .. '-1', 'f', '1')
+redis.call('HSET', KEYS[1], 'finished', '1', 'last_event', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: meta, events. ARGV: first id (exclusive, "(<seq>-0"), retention (ms), now.
+# Returns false for an unknown stream, else the entries after the id.
+_READ = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSET', KEYS[1], 'last_seen', ARGV[3])
+if redis.call('HGET', KEYS[1], 'finished') ~= '1' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return redis.call('XRANGE', KEYS[2], ARGV[1], '+')
+"""
+
+
+class RedisStreamStore:
+    """Streams in Redis (see the module docstring). ``url`` is ``redis://host:port/db``.
+
+    The asyncio client is made on first use in the running event loop (one per loop, as
+    asyncio connections belong to one), so the store can be built before the server starts.
+    """
+
+    def __init__(self, url: str, retention_s: float = 300.0, *, prefix: str = "ragqa:stream") -> None:
+        self.url = url
+        self.retention_s = retention_s
+        self.prefix = prefix
+        # one client (and its scripts) per event loop: asyncio connections belong to a loop
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, dict[str, Any]]] = (
+            weakref.WeakKeyDictionary())
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _redis(self) -> Any:
+        return self._for_loop()[0]
+
+    def _script(self, name: str) -> Any:
+        return self._for_loop()[1][name]
+
+    def _for_loop(self) -> tuple[Any, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        found = self._clients.get(loop)
+        if found is None:
+            import redis.asyncio as aioredis
+
+            client = aioredis.from_url(self.url, decode_responses=True)
+            scripts = {name: client.register_script(src)
+                       for name, src in (("append", _APPEND), ("finish", _FINISH), ("read", _READ))}
+            found = self._clients[loop] = (client, scripts)
+        return found
+
+    def _keys(self, stream_id: str) -> list[str]:
+        tag = f"{self.prefix}:{{{stream_id}}}"
+        return [f"{tag}:meta", f"{tag}:events"]
+
+    @property
+    def _ttl(self) -> int:
+        return max(1, int(self.retention_s * 1000))  # milliseconds (PEXPIRE)
+
+    def _gone(self, stream_id: str) -> NotFound:
+        return NotFound("Last-Event-ID", f"stream {stream_id!r} is unknown or has expired "
+                        f"(streams are kept {self.retention_s:g} s after their last event)")
+
+    @staticmethod
+    def _events(entries: list[Any]) -> tuple[list[StreamEvent], bool]:
+        events, finished = [], False
+        for entry_id, fields in entries:
+            if isinstance(fields, list):  # a script's reply: a flat [field, value, ...] list
+                fields = dict(zip(fields[::2], fields[1::2], strict=True))
+            if "f" in fields:
+                finished = True
+                continue
+            events.append(StreamEvent(int(entry_id.split("-")[0]), fields["d"], fields.get("e") or None))
+        return events, finished
+
+    # -- the StreamStore protocol -----------------------------------------------------------------
+    async def create(self, stream_id: str, kind: str, owner: str | None = None) -> None:
+        meta, events = self._keys(stream_id)
+        now = repr(time.time())
+        async with self._redis().pipeline(transaction=True) as pipe:
+            pipe.delete(meta, events)
+            pipe.hset(meta, mapping={"kind": kind, "owner": owner or "", "has_owner": int(owner is not None),
+                                     "events": 0, "finished": 0, "last_seen": now, "last_event": now})
+            pipe.pexpire(meta, self._ttl)
+            await pipe.execute()
+
+    async def append(self, stream_id: str, data: str, event: str | None = None) -> int:
+        try:
+            return int(await self._script("append")(keys=self._keys(stream_id),
+                                                     args=[data, event or "", self._ttl, repr(time.time())]))
+        except Exception as exc:
+            if "NOSTREAM" in str(exc):
+                raise KeyError(stream_id) from None  # as the memory store: appending to no stream is a bug
+            raise
+
+    async def finish(self, stream_id: str) -> None:
+        await self._script("finish")(keys=self._keys(stream_id), args=[self._ttl, repr(time.time())])
+
+    async def read_after(self, stream_id: str, after: int, wait_s: float) -> tuple[list[StreamEvent], bool]:
+        client = self._redis()
+        keys = self._keys(stream_id)
+        entries = await self._script("read")(keys=keys, args=[f"({after}-0", self._ttl, repr(time.time())])
+        if entries is None:
+            raise self._gone(stream_id)
+        events, finished = self._events(entries)
+        if events or finished or wait_s <= 0:
+            return events, finished
+        # Nothing new yet: block until an entry after <after>-0 arrives (an event or the end).
+        reply = await client.xread({keys[1]: f"{after}-0"}, block=max(1, int(wait_s * 1000)))
+        if reply:
+            return self._events(reply[0][1])
+        # Nothing came: read again, which records that the reader is still here.
+        entries = await self._script("read")(keys=keys, args=[f"({after}-0", self._ttl, repr(time.time())])
+        if entries is None:
+            raise self._gone(stream_id)
+        return self._events(entries)
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        meta = await self._redis().hgetall(self._keys(stream_id)[0])
+        if not meta:
+            return None
+        owner = meta.get("owner") if meta.get("has_owner") == "1" else None
+        return StreamInfo(meta["kind"], owner, int(meta.get("events", 0)), meta.get("finished") == "1",
+                          float(meta.get("last_seen", 0)))
+
+    async def aclose(self) -> None:
+        """Close this event loop's connections (at shutdown)."""
+        found = self._clients.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found[0].aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self._redis().ping())
+
+
+def make_stream_store(serve: ServeSettings) -> StreamStore:
+    """The store ``serve`` asks for: Redis when ``serve.redis_url`` is set, else this process's memory."""
+    if serve.redis_url:
+        return RedisStreamStore(serve.redis_url, serve.stream_retention_s)
+    return MemoryStreamStore(serve.stream_retention_s)
