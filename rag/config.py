@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -286,8 +286,42 @@ class ScheduleSettings(BaseModel):
     misfire_grace_s: int = Field(default=3600, ge=1)
 
 
+class ApiKeySettings(BaseModel):
+    """One API key of the HTTP service, stored as a hash: ``ragqa keys create`` prints both.
+
+    ``admin`` implies ``query``. A key with a ``tenant`` only ever retrieves that tenant's
+    documents; admin keys see every tenant, so they cannot be bound to one.
+    """
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field of a key must not pass silently
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Names the key in logs and metrics.")
+    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="`ragqa keys hash KEY`; never the key itself.")
+    scopes: tuple[Literal["query", "admin"], ...] = Field(default=("query",), min_length=1)
+    tenant: str | None = Field(default=None, min_length=1)
+    rate_limit_per_minute: int | None = Field(
+        default=None, ge=0, description="This key's limit; default serve.rate_limit_per_minute; 0: none.")
+
+    @model_validator(mode="after")
+    def _admin_is_global(self) -> ApiKeySettings:
+        if "admin" in self.scopes and self.tenant is not None:
+            raise ValueError(f"api key {self.id!r}: an admin key cannot be bound to a tenant "
+                             "(the admin routes see every tenant's documents)")
+        return self
+
+
 class ServeSettings(BaseModel):
-    """The HTTP service: where it listens, its input limits, and how long streams are kept."""
+    """The HTTP service: where it listens, its input limits, how long streams are kept, API keys."""
+
+    auth: bool = Field(default=True, description="Require an API key; turn off only on loopback (a local demo).")
+    api_keys: list[ApiKeySettings] = Field(default_factory=list)
+    allow_insecure_public: bool = Field(
+        default=False, description="Start on a non-loopback host with auth off anyway (ragqa serve --allow-insecure).")
+    rate_limit_per_minute: int = Field(
+        default=120, ge=0, description="Requests per minute per key (per client IP with auth off); 0: no limit.")
+    rate_limit_storage: str | None = Field(
+        default=None, description="memory:// (each worker counts alone) or redis://host:6379/0 (shared by "
+        "workers and instances); default: serve.redis_url when set, else memory://.")
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -302,6 +336,15 @@ class ServeSettings(BaseModel):
     redis_url: str | None = Field(
         default=None, description="redis://host:6379/0: keep streams in Redis, so a client resumes on any worker "
         "or instance (and the answer cache's default Redis); default: this process's memory.")
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> ServeSettings:
+        for what in ("id", "hash"):
+            seen = [getattr(k, what) for k in self.api_keys]
+            dup = next((v for v in seen if seen.count(v) > 1), None)
+            if dup is not None:
+                raise ValueError(f"serve.api_keys: two keys have the {what} {dup!r}")
+        return self
 
 
 class Settings(BaseSettings):

@@ -28,6 +28,7 @@ from rag.answer import Answerer
 from rag.config import Settings
 from rag.errors import RagError
 from rag.services import Services
+from serve.auth import Gate, check_exposure
 from serve.conversations import Conversations
 from serve.deps import AppState, GeneratorHealth
 from serve.errors import install_handlers
@@ -54,11 +55,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is None:
         services = answerer.services if answerer is not None else Services(settings or Settings.load())
     settings = settings or services.settings
-    answerer = answerer or Answerer(services)
     serve = settings.serve
+    check_exposure(serve)  # before anything is loaded: no auth on a public address unless forced
+    answerer = answerer or Answerer(services)
     state = AppState(settings=settings, services=services, answerer=answerer,
                      streams=StreamManager(make_stream_store(serve), serve.disconnect_grace_s),
-                     conversations=Conversations())
+                     conversations=Conversations(), gate=Gate(serve))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +73,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             if scheduler is not None:
                 await asyncio.to_thread(scheduler.shutdown, True)  # waits for a running crawl
             await state.streams.close()
+            await state.gate.aclose()
             if hasattr(state.streams.store, "aclose"):  # the Redis store's connections
                 await state.streams.store.aclose()
             await answerer.close()

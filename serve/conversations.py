@@ -2,7 +2,8 @@
 
 The chat route needs none: OpenAI clients send the whole conversation each time. The
 native route sends only the new question, so the server remembers the last turns of
-recent conversations (least recently used ones are dropped first).
+recent conversations (least recently used ones are dropped first). A conversation belongs
+to the API key that started it: another key sending the same id starts its own.
 
 Example::
 
@@ -24,23 +25,23 @@ class Conversations:
     def __init__(self, max_conversations: int = 10_000, max_turns: int = 10) -> None:
         self.max_conversations = max_conversations
         self.max_turns = max_turns
-        self._turns: OrderedDict[str, list[dict[str, str]]] = OrderedDict()
+        self._turns: OrderedDict[tuple[str | None, str], list[dict[str, str]]] = OrderedDict()
 
     @staticmethod
     def new_id() -> str:
         return "conv-" + secrets.token_urlsafe(12)
 
-    def history(self, conversation_id: str) -> list[dict[str, str]]:
-        turns = self._turns.get(conversation_id)
+    def history(self, conversation_id: str, owner: str | None = None) -> list[dict[str, str]]:
+        turns = self._turns.get((owner, conversation_id))
         if turns is None:
             return []
-        self._turns.move_to_end(conversation_id)
+        self._turns.move_to_end((owner, conversation_id))
         return list(turns)
 
-    def add(self, conversation_id: str, question: str, answer: str) -> None:
-        turns = self._turns.setdefault(conversation_id, [])
+    def add(self, conversation_id: str, question: str, answer: str, owner: str | None = None) -> None:
+        turns = self._turns.setdefault((owner, conversation_id), [])
         turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
         del turns[: max(0, len(turns) - 2 * self.max_turns)]
-        self._turns.move_to_end(conversation_id)
+        self._turns.move_to_end((owner, conversation_id))
         while len(self._turns) > self.max_conversations:
             self._turns.popitem(last=False)

@@ -1,8 +1,9 @@
 """What routes depend on, as ``Annotated`` aliases: the app's state and the caller.
 
-``Caller`` is who is asking. Until API keys arrive every request is the anonymous caller
-with every scope; routes already name the scope they need (``QueryCaller``,
-``AdminCaller``) and pass the caller's tenant and key id on, so auth slots in here alone.
+``Caller`` is who is asking: the API key's id, tenant and scopes, checked (and rate
+limited) by the app's :class:`~serve.auth.Gate`; with auth off, the anonymous caller with
+every scope. Routes name the scope they need (``QueryCaller``, ``AdminCaller``) and pass
+the caller's tenant and key id on.
 
 Example::
 
@@ -13,16 +14,21 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPBearer
 
 from rag.answer import Answerer
 from rag.config import Settings
 from rag.services import Services
 from rag.types import Filters
 from serve.conversations import Conversations
+from serve.errors import Forbidden
 from serve.streams import StreamManager
+
+if TYPE_CHECKING:
+    from serve.auth import Gate
 
 __all__ = ["AppState", "Caller", "State", "QueryCaller", "AdminCaller", "GeneratorHealth"]
 
@@ -42,6 +48,7 @@ class AppState:
     answerer: Answerer
     streams: StreamManager
     conversations: Conversations
+    gate: Gate
     generator: GeneratorHealth = field(default_factory=GeneratorHealth)
 
 
@@ -54,17 +61,30 @@ class Caller:
     scopes: frozenset[str] = frozenset({"query", "admin"})
 
     def restrict(self, filters: Filters) -> Filters:
-        """The filters with the caller's tenant enforced; a client can never widen it."""
-        return filters if self.tenant is None else replace(filters, tenant=self.tenant)
+        """The filters with the caller's tenant enforced; a client can never widen it.
+
+        Naming another tenant is a 403 rather than an answer quietly drawn from this one.
+        """
+        if self.tenant is None:
+            return filters
+        if filters.tenant is not None and filters.tenant != self.tenant:
+            raise Forbidden(f"this API key is bound to tenant {self.tenant!r}; it cannot query tenant "
+                            f"{filters.tenant!r}", "tenant_forbidden")
+        return replace(filters, tenant=self.tenant)
 
 
 def _state(request: Request) -> AppState:
     return request.app.state.ragqa
 
 
+# Only to document the two ways of sending a key in the OpenAPI schema (and /docs); the gate reads them.
+_bearer, _api_key = HTTPBearer(auto_error=False), APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
 def _caller(scope: str):  # a dependency factory
-    async def caller(request: Request) -> Caller:
-        return Caller()  # auth is not configured yet: everyone is the anonymous caller
+    async def caller(request: Request, _b: Annotated[object, Depends(_bearer)],
+                     _k: Annotated[object, Depends(_api_key)]) -> Caller:
+        return await _state(request).gate.caller(request, scope)
     caller.__name__ = f"{scope}_caller"
     return caller
 

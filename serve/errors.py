@@ -36,7 +36,8 @@ from rag.errors import (
 )
 from rag.filters import FILTER_FIELDS
 
-__all__ = ["NotFound", "ClientGone", "error_body", "status_of", "install_handlers", "filter_param"]
+__all__ = ["NotFound", "ClientGone", "Refused", "Unauthorized", "Forbidden", "RateLimited", "error_body",
+           "status_of", "install_handlers", "filter_param"]
 
 log = logging.getLogger("ragqa.serve")
 
@@ -53,8 +54,36 @@ class ClientGone(RagError):
     """The client disconnected before its answer was ready; the work was cancelled."""
 
 
+class Refused(RagError):
+    """A request the caller may not make (now): the base of the 401, 403 and 429 answers.
+
+    ``code`` is the stable error code; ``headers`` go on the response (``WWW-Authenticate``,
+    ``Retry-After``).
+    """
+
+    def __init__(self, message: str, code: str, headers: dict[str, str] | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.headers, self.param = code, headers or {}, param
+
+
+class Unauthorized(Refused):
+    """No API key, or one that is not configured (401)."""
+
+
+class Forbidden(Refused):
+    """A valid key without the scope, or asking for another tenant's documents (403)."""
+
+
+class RateLimited(Refused):
+    """The key (or client address) made too many requests in the window (429)."""
+
+
 # Most specific first: the first class in an error's MRO that is listed wins.
 STATUS: dict[type[RagError], tuple[int, str, str]] = {
+    Unauthorized: (401, "invalid_request_error", "invalid_api_key"),
+    Forbidden: (403, "permission_error", "forbidden"),
+    RateLimited: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
     NotFound: (404, "not_found_error", "not_found"),
     ClientGone: (499, "client_closed_request", "client_gone"),
     RequestError: (422, "invalid_request_error", "invalid_value"),
@@ -102,6 +131,8 @@ def rag_error_response(exc: RagError) -> JSONResponse:
         param = filter_param(exc, "filters")
     if status in (500, 502):  # 503/504 are a backend's state, reported by /ready
         log.error("request failed: %s", exc)
+    if isinstance(exc, Refused):
+        return JSONResponse(error_body(str(exc), type_, param, exc.code), status_code=status, headers=exc.headers)
     return JSONResponse(error_body(str(exc), type_, param, code), status_code=status)
 
 

@@ -108,13 +108,14 @@ async def ask(body: AskRequest, request: Request, state: State, caller: QueryCal
     filters = body.filters.parse("filters") if body.filters else Filters()
     conversation_id = body.conversation_id or state.conversations.new_id()
     answer = observed("ask", state, state.answerer.stream(
-        body.question, history=state.conversations.history(conversation_id),
+        body.question, history=state.conversations.history(conversation_id, caller.key_id),
         filters=caller.restrict(filters), top_k=body.top_k))
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
-        state.conversations.add(conversation_id, body.question, result.text)
+        state.conversations.add(conversation_id, body.question, result.text, caller.key_id)
         return _response(result.text, result.done, conversation_id)
-    renderer = AskRenderer(conversation_id, lambda text: state.conversations.add(conversation_id, body.question, text))
+    renderer = AskRenderer(conversation_id, lambda text: state.conversations.add(
+        conversation_id, body.question, text, caller.key_id))
     stream_id = await state.streams.start(counted(renderer.events(answer)), renderer.error, kind="ask",
                                           owner=caller.key_id)
     return sse_response(state, stream_id, 0)

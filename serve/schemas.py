@@ -55,8 +55,11 @@ def _error(description: str) -> dict[str, Any]:
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("No API key, or an unknown one (`Authorization: Bearer <key>` or `X-API-Key`)."),
+    403: _error("The key lacks this route's scope, or its filters name another tenant."),
     413: _error("The body is larger than `serve.max_body_bytes`."),
     422: _error("A field is invalid or unknown, or a limit is exceeded; `param` names the field."),
+    429: _error("Too many requests for this key in the last minute; `Retry-After` says when to retry."),
     500: _error("A server bug or a configuration error."),
     503: _error("A backend (index, embedder, model) is unavailable."),
     504: _error("A backend did not answer in time."),

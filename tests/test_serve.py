@@ -41,8 +41,10 @@ MAX_BODY = 20_000
 
 
 def serve_settings(data_dir: Path, **serve: object) -> Settings:
+    """Auth and rate limits off (on loopback), as the demo runs; they are tested in test_serve_auth.py."""
     return make_settings(data_dir, generator={"backend": "extractive"}, retrieval={"mode": "hybrid"},
-                         serve={"max_body_bytes": MAX_BODY, "max_messages": 8, "max_question_chars": 500, **serve})
+                         serve={"max_body_bytes": MAX_BODY, "max_messages": 8, "max_question_chars": 500,
+                                "auth": False, "rate_limit_per_minute": 0, **serve})
 
 
 @pytest.fixture(scope="module")
