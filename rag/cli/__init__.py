@@ -18,6 +18,7 @@ import click
 from rag.cli.common import Context
 from rag.cli.evals import eval_group
 from rag.cli.indexes import rebuild, verify
+from rag.cli.keys import keys_group
 from rag.cli.search import search
 from rag.cli.serve import ask, serve
 from rag.cli.sources import ingest, reindex, schedule, sources_cmd, status
@@ -44,7 +45,8 @@ def cli(ctx: click.Context, config: str | None, data_dir: str | None, log_json: 
     ctx.call_on_close(ctx.obj.close)
 
 
-for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group, serve, ask):
+for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group, serve, ask,
+                keys_group):
     cli.add_command(command)
 
 

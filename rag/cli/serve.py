@@ -20,20 +20,31 @@ __all__ = ["serve", "ask"]
 @click.option("--port", "-p", type=click.IntRange(0, 65535), help="Port (default: serve.port, 8000; 0 picks one).")
 @click.option("--workers", "-w", type=click.IntRange(1, 64), help="Worker processes (default: serve.workers, 1).")
 @click.option("--with-scheduler", is_flag=True, help="Also run the crawl schedule (as `ragqa schedule` does).")
+@click.option("--no-auth", is_flag=True, help="No API keys (serve.auth: false); loopback only unless --allow-insecure.")
+@click.option("--allow-insecure", is_flag=True, help="Serve on a non-loopback host with auth off anyway.")
 @click.pass_obj
 @handle_errors
-def serve(obj: Context, host: str | None, port: int | None, workers: int | None, with_scheduler: bool) -> None:
-    """Serve the OpenAI-compatible and native question-answering API until interrupted."""
+def serve(obj: Context, host: str | None, port: int | None, workers: int | None, with_scheduler: bool,
+          no_auth: bool, allow_insecure: bool) -> None:
+    """Serve the OpenAI-compatible and native question-answering API until interrupted.
+
+    Requests need an API key from serve.api_keys (`ragqa keys create`) unless auth is off.
+    """
     import uvicorn
 
     from serve.app import create_app
+    from serve.auth import check_exposure
 
     services = obj.services
     cfg = services.settings.serve
     host, port, workers = host or cfg.host, cfg.port if port is None else port, workers or cfg.workers
+    forced = {"host": host, "auth": cfg.auth and not no_auth,
+              "allow_insecure_public": cfg.allow_insecure_public or allow_insecure}
+    check_exposure(cfg.model_copy(update=forced))  # one line, before anything is loaded or bound
+    settings = services.settings.model_copy(update={"serve": cfg.model_copy(update=forced)})
     level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
     if workers == 1:  # the schedule runs in the app's lifespan, so it stops before the process does
-        app = create_app(services.settings, services=services, with_scheduler=with_scheduler)
+        app = create_app(settings, services=services, with_scheduler=with_scheduler)
         _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
                                          timeout_graceful_shutdown=10)).run()
         return
@@ -41,6 +52,8 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
     if obj.config:
         os.environ["RAG_CONFIG"] = str(obj.config)
     os.environ["RAG_DATA_DIR"] = str(services.data_dir)
+    for name, value in forced.items():
+        os.environ[f"RAG_SERVE__{name.upper()}"] = str(value).lower() if isinstance(value, bool) else value
     click.echo(f"ragqa: starting {workers} workers; streams resume on the worker that started them, "
                "and /metrics counts per worker", err=True)
     scheduler = None
