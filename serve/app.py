@@ -89,6 +89,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_ops)]
     for router in routers:
         app.include_router(router)
+    from serve import routes_page
+
+    routes_page.install(app)  # the web chat page at / and its files at /static/
     app.add_middleware(BodyLimit, max_bytes=serve.max_body_bytes)
     app.add_middleware(RequestMetrics, routes=[route for router in routers for route in router.routes])
     _document_stream_schemas(app)
