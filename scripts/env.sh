@@ -51,6 +51,18 @@ ensure_redis() {
   command -v redis-server >/dev/null 2>&1
 }
 
+# ensure_chromium: Debian's chromium and chromium-driver for the web page's browser test
+# (tests/test_webpage.py, driven by Selenium), installed once per machine: about 135 MB of
+# packages, 440 MB on disk, under a minute. Returns non-zero when they cannot be had (the
+# test is then skipped).
+ensure_chromium() {
+  [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]] && return 0
+  say "installing chromium and chromium-driver (Debian's packages) for the web page test"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      chromium chromium-driver; } >/dev/null 2>&1
+  [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]]
+}
+
 activate() {
   # shellcheck disable=SC1091
   source "$RAGQA_VENV/bin/activate"

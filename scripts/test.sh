@@ -10,6 +10,9 @@ install_project "dev,es,redis"
 activate
 cd "$ROOT"
 
+# Headless Chromium for the web chat page's test; without it that test is skipped.
+ensure_chromium || say "WARNING: chromium could not be installed; the web page test will be skipped"
+
 # A real single-node Elasticsearch on loopback for the integration tests (fetched once from
 # Maven Central and cached); it is stopped again when the tests end.
 export RAGQA_ES_PORT="${RAGQA_ES_PORT:-9250}"
