@@ -7,6 +7,12 @@ timings and the ``degraded`` flag. When the generator is down before its first t
 extractive answerer takes over and the answer is flagged degraded; a failure after the
 first token ends the stream with an ``error`` event.
 
+An answer cache (:mod:`rag.cache`, ``cache.*`` settings) sits in front: a hit replays the
+cached answer as the same events (``sources``, the text as one ``delta``, ``done``), with
+``cache`` ``"hit"`` (the same question) or ``"semantic"`` (a near-identical one) on the
+``sources`` and ``done`` events, and ``"miss"`` when it was looked up in vain. Only complete,
+non-degraded, unblocked answers are stored; ``no_cache=True`` skips the cache both ways.
+
 Example::
 
     answerer = Answerer(services)
@@ -25,6 +31,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
 from rag.errors import BackendError, GeneratorError
 from rag.generators.extractive import ExtractiveGenerator
 from rag.packing import ContextPacker, PackedContext, context_budget
@@ -54,6 +61,7 @@ class AnswerEvent:
     timings: dict[str, float] = field(default_factory=dict)
     degraded: bool = False
     error: str | None = None
+    cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
 
 
 class Answerer:
@@ -66,7 +74,7 @@ class Answerer:
     """
 
     def __init__(self, services: Services, generator: Generator | None = None,
-                 retriever: HybridRetriever | None = None) -> None:
+                 retriever: HybridRetriever | None = None, cache: AnswerCacheLayer | None = None) -> None:
         self.services = services
         self.generator = generator or services.generator
         self.retriever = retriever or HybridRetriever.from_services(services)
@@ -76,6 +84,7 @@ class Answerer:
                          for e in services.settings.prompt.examples]
         self._started = False
         self._start_lock = asyncio.Lock()
+        self.cache = cache if cache is not None else make_answer_cache(services, salt=self.generator.name)
 
     async def start(self) -> None:
         """Load the model or check the server; raises its one-line error."""
@@ -97,12 +106,61 @@ class Answerer:
             elif event.kind == "error":
                 raise GeneratorError(event.error or "generation failed")
             elif event.kind == "done":
-                return Answer("".join(parts).strip(), event.citations, event.degraded, "miss", event.timings)
+                return Answer("".join(parts).strip(), event.citations, event.degraded, event.cache or "miss",
+                              event.timings)
         raise GeneratorError("the answer stream ended without a result")
 
     async def stream(self, question: str, *, history: Sequence[Mapping[str, str]] = (),
                      filters: Filters | None = None, top_k: int | None = None,
-                     overrides: Mapping[str, Any] | None = None) -> AsyncIterator[AnswerEvent]:
+                     overrides: Mapping[str, Any] | None = None, no_cache: bool = False) -> AsyncIterator[AnswerEvent]:
+        """The answer's events, from the answer cache when it has them (see the module docstring).
+        A question the injection filter blocks never reaches the cache."""
+        started = time.perf_counter()
+        args: dict[str, Any] = {"history": history, "filters": filters, "top_k": top_k, "overrides": overrides}
+        cache = None if no_cache else self.cache
+        injection = getattr(self, "injection", None)  # the prompt-injection filter
+        if cache is not None and injection is not None and injection.check_question(question).blocked:
+            cache = None
+        lookup: Lookup | None = None
+        if cache is not None:
+            try:
+                lookup = await asyncio.to_thread(cache.lookup, question, **args)
+            except Exception as exc:  # noqa: BLE001 - a cache that is down is a miss, not an error
+                log.warning("answer cache lookup failed, answering without it: %s", exc)
+        if lookup is not None and lookup.answer is not None:
+            for event in _replay(lookup, started):
+                yield event
+            return
+        events = self._answer(question, **args)
+        parts: list[str] = []
+        sources: tuple[Citation, ...] = ()
+        try:
+            async for event in events:
+                if lookup is not None and event.kind in ("sources", "done"):
+                    event.cache = "miss"
+                if event.kind == "sources":
+                    sources = event.citations
+                elif event.kind == "delta":
+                    parts.append(event.text)
+                elif event.kind == "done" and lookup is not None:
+                    event.timings = _with_lookup(event.timings, lookup)
+                    if _cacheable(event, parts):
+                        await self._store(cache, lookup, CachedAnswer(  # type: ignore[arg-type]
+                            "".join(parts), sources, event.citations, event.finish_reason or "stop", dict(event.usage)))
+                yield event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    @staticmethod
+    async def _store(cache: AnswerCacheLayer, lookup: Lookup, answer: CachedAnswer) -> None:
+        try:
+            await asyncio.to_thread(cache.store, lookup, answer)
+        except Exception as exc:  # noqa: BLE001 - the answer stands; only its caching failed
+            log.warning("answer cache store failed: %s", exc)
+
+    async def _answer(self, question: str, *, history: Sequence[Mapping[str, str]] = (),
+                      filters: Filters | None = None, top_k: int | None = None,
+                      overrides: Mapping[str, Any] | None = None) -> AsyncIterator[AnswerEvent]:
         started = time.perf_counter()
         k = top_k or self.services.settings.retrieval.top_k
         turn = 1 + sum(1 for t in history if t.get("role") == "user")
@@ -180,6 +238,35 @@ class Answerer:
         packed = ContextPacker(generator.count_tokens, budget).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=self.examples)
         return packed, prompt
+
+
+def _replay(lookup: Lookup, started: float) -> list[AnswerEvent]:
+    """A cached answer as the events of a generated one."""
+    answer = lookup.answer
+    assert answer is not None
+    timings = {**lookup.timings, "total_ms": (time.perf_counter() - started) * 1000}
+    return [AnswerEvent("sources", citations=answer.sources, cache=lookup.kind),
+            AnswerEvent("delta", text=answer.text),
+            AnswerEvent("done", citations=answer.citations, finish_reason=answer.finish_reason,
+                        usage=dict(answer.usage), timings={k: round(v, 2) for k, v in timings.items()},
+                        cache=lookup.kind)]
+
+
+def _with_lookup(timings: dict[str, float], lookup: Lookup) -> dict[str, float]:
+    """A generated answer's timings, counting the cache lookup before it."""
+    spent = lookup.timings.get("cache_ms", 0.0)
+    out = {**timings, "cache_ms": spent}
+    for key in ("ttft_ms", "total_ms"):
+        if key in out:
+            out[key] += spent
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def _cacheable(done: AnswerEvent, parts: list[str]) -> bool:
+    """Only complete answers are cached: not cut short, not degraded, not refused, not empty."""
+    screening = getattr(done, "screening", None)
+    blocked = screening is not None and getattr(getattr(screening, "question", None), "blocked", False)
+    return done.finish_reason == "stop" and not done.degraded and not blocked and bool("".join(parts).strip())
 
 
 def _finish(timings: dict[str, float], started: float, gen_started: float) -> dict[str, float]:

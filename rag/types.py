@@ -345,8 +345,16 @@ class Generator(Protocol):
 
 @runtime_checkable
 class AnswerCache(Protocol):
-    """Caches answers by key (exact) or by query vector (semantic)."""
+    """Stores answers (JSON-able dicts) for ``ttl_s``: by exact key, and, when put with a
+    ``scope`` and a unit question vector, for :meth:`nearest` lookups within that scope
+    (best first, cosine at least ``threshold``). See :mod:`rag.cache`."""
 
     def get(self, key: str) -> dict[str, Any] | None: ...
 
-    def put(self, key: str, value: dict[str, Any], ttl_s: int | None = None) -> None: ...
+    def put(self, key: str, value: dict[str, Any], ttl_s: float | None = None, *,
+            scope: str | None = None, vector: np.ndarray | None = None) -> None: ...
+
+    def nearest(self, scope: str, vector: np.ndarray, threshold: float,
+                limit: int = 3) -> list[tuple[dict[str, Any], float]]: ...
+
+    def clear(self) -> None: ...

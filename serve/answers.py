@@ -35,8 +35,9 @@ async def observed(route: str, state: AppState, events: AsyncIterator[AnswerEven
         async for event in events:
             if event.kind == "done":
                 observe_answer(route, event)
-                state.generator.state, state.generator.detail = (
-                    ("down", "the last answer fell back to extractive") if event.degraded else ("ready", None))
+                if event.cache in (None, "miss"):  # a cached answer says nothing of the generator now
+                    state.generator.state, state.generator.detail = (
+                        ("down", "the last answer fell back to extractive") if event.degraded else ("ready", None))
             elif event.kind == "error":
                 observe_answer(route, event)
             yield event

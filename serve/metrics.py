@@ -5,6 +5,8 @@
 - ``answer_stage_seconds{stage}``: embed, retrieve, rerank, generate and total, per answer.
 - ``answer_ttft_seconds``, ``answer_tokens_per_second``, ``answers_total{route,outcome}``,
   ``answers_degraded_total`` and ``streams_running``.
+- ``answer_cache_lookups_total{result}``: answer cache lookups by result, ``hit`` (the same
+  question), ``semantic`` (a near-identical one) or ``miss``; none when the cache is off or skipped.
 
 P99 comes from the histograms, e.g.
 ``histogram_quantile(0.99, sum by (le) (rate(answer_stage_seconds_bucket{stage="total"}[5m])))``.
@@ -45,6 +47,8 @@ TOKENS_PER_SECOND = Histogram("answer_tokens_per_second", "Generation speed of a
 ANSWERS = Counter("answers", "Answers by route and outcome (ok, error).", ["route", "outcome"], registry=REGISTRY)
 DEGRADED = Counter("answers_degraded", "Answers given extractively because the generator was down.",
                    registry=REGISTRY)
+CACHE_LOOKUPS = Counter("answer_cache_lookups", "Answer cache lookups by result: hit, semantic, miss.",
+                        ["result"], registry=REGISTRY)
 STREAMS_RUNNING = Gauge("streams_running", "Streamed generations running now in this process.", registry=REGISTRY)
 
 # Answer timings keys (milliseconds) -> stage label.
@@ -58,6 +62,8 @@ def observe_answer(route: str, event: AnswerEvent) -> None:
         ANSWERS.labels(route, "error").inc()
         return
     ANSWERS.labels(route, "ok").inc()
+    if event.cache is not None:
+        CACHE_LOOKUPS.labels(event.cache).inc()
     for key, stage in STAGES.items():
         if key in event.timings:
             STAGE_SECONDS.labels(stage).observe(event.timings[key] / 1000)

@@ -58,7 +58,7 @@ _LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", description=(
 def _response(text: str, done: AnswerEvent, conversation_id: str) -> AskResponse:
     prompt, completion = done.usage.get("prompt_tokens", 0), done.usage.get("completion_tokens", 0)
     return AskResponse(answer=text, citations=[CitationOut.of(c) for c in done.citations],
-                       conversation_id=conversation_id, timings=done.timings, cache="miss",
+                       conversation_id=conversation_id, timings=done.timings, cache=done.cache or "miss",
                        degraded=done.degraded, finish_reason=done.finish_reason,
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
                                    total_tokens=prompt + completion))
@@ -109,7 +109,7 @@ async def ask(body: AskRequest, request: Request, state: State, caller: QueryCal
     conversation_id = body.conversation_id or state.conversations.new_id()
     answer = observed("ask", state, state.answerer.stream(
         body.question, history=state.conversations.history(conversation_id, caller.key_id),
-        filters=caller.restrict(filters), top_k=body.top_k))
+        filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache))
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         state.conversations.add(conversation_id, body.question, result.text, caller.key_id)

@@ -6,6 +6,10 @@ carries the role, the last one ``finish_reason`` and the extension ``delta.citat
 with ``stream_options.include_usage`` a chunk with ``usage`` and no choices follows. An
 error after the stream started is a ``data: {"error": {...}}`` event, then ``[DONE]``.
 
+**Cache**: the response header ``X-Cache`` (and the extension ``delta.cache`` on the last
+chunk) says whether the answer came from the answer cache: ``hit``, ``semantic`` or ``miss``.
+``rag.no_cache: true`` skips the cache.
+
 **Resume**: re-send the same request with the header ``Last-Event-ID: <stream_id>:<n>``,
 where ``<n>`` is the number of events already received (``stream_id`` is the completion id
 without ``chatcmpl-``, or the ``X-Stream-Id`` response header). With OpenAI's client::
@@ -22,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Request, Response
 
 from rag.answer import AnswerEvent
 from rag.config import ServeSettings
@@ -92,6 +96,7 @@ class ChunkRenderer:
     def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
         self.id, self.model, self.include_usage = completion_id, model, include_usage
         self.created = int(time.time())
+        self.cache = "miss"
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> Out:
         return Out(json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -104,11 +109,13 @@ class ChunkRenderer:
     async def events(self, answer: AsyncIterator[AnswerEvent]) -> AsyncIterator[Out]:
         async for event in answer:
             if event.kind == "sources":
+                self.cache = event.cache or "miss"
                 yield self._delta({"role": "assistant", "content": ""})
             elif event.kind == "delta":
                 yield self._delta({"content": event.text})
             elif event.kind == "done":
-                yield self._delta({"citations": _citations(event)}, event.finish_reason or "stop")
+                yield self._delta({"citations": _citations(event), "cache": event.cache or "miss"},
+                                  event.finish_reason or "stop")
                 if self.include_usage:
                     yield self._chunk([], _usage(event))
                 yield Out("[DONE]")
@@ -124,7 +131,7 @@ class ChunkRenderer:
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: _STREAM_DOC},
              summary="Answer the last user message from the indexed documents (OpenAI-compatible)")
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, state: State, caller: QueryCaller,
+    body: ChatCompletionRequest, request: Request, response: Response, state: State, caller: QueryCaller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=(
         "Resume a stream: `<stream_id>:<events received>`; the stream continues after that event."))] = None,
 ) -> Any:
@@ -135,9 +142,10 @@ async def chat_completions(
     filters = options.filters.parse("rag.filters") if options and options.filters else Filters()
     answer = observed("chat", state, state.answerer.stream(
         question, history=history, filters=caller.restrict(filters), top_k=options.top_k if options else None,
-        overrides=body.overrides()))
+        overrides=body.overrides(), no_cache=bool(options and options.no_cache)))
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
+        response.headers["X-Cache"] = result.done.cache or "miss"
         return ChatCompletion(
             id="chatcmpl-" + state.streams.new_id(), created=int(time.time()), model=body.model,
             choices=[Choice(message=AssistantMessage(content=result.text, citations=[
@@ -148,7 +156,9 @@ async def chat_completions(
     renderer = ChunkRenderer(f"chatcmpl-{stream_id}", body.model, include_usage)
     await state.streams.start(counted(renderer.events(answer)), renderer.error, kind="chat",
                               owner=caller.key_id, stream_id=stream_id)
-    return sse_response(state, stream_id, 0, ping=False)
+    sse = sse_response(state, stream_id, 0, ping=False)
+    sse.headers["X-Cache"] = renderer.cache
+    return sse
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERRORS, summary="The one model: ragqa")

@@ -98,7 +98,7 @@ class RagOptions(BaseModel):
 
     filters: RagFilters | None = None
     top_k: int | None = Field(default=None, ge=1, le=200, description="Passages to retrieve.")
-    no_cache: bool = Field(default=False, description="Skip the answer cache (there is none yet).")
+    no_cache: bool = Field(default=False, description="Skip the answer cache (no lookup, no store).")
 
 
 # -- chat completions ----------------------------------------------------------------------
@@ -208,6 +208,8 @@ class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     citations: list[CitationOut] | None = Field(default=None, description="Extension, on the last chunk.")
+    cache: Literal["hit", "semantic", "miss"] | None = Field(
+        default=None, description="Extension, on the last chunk: whether the answer came from the answer cache.")
 
 
 class ChunkChoice(BaseModel):

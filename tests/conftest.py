@@ -73,6 +73,8 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "embedder": {"backend": "hash", "dim": 256, "progress": False},
         "vector": {"backend": "numpy"},
         "crawl": {"retries": 1, "backoff_s": 0.01, "timeout_s": 5, "concurrency": 4},
+        # Off, so that asking a question twice generates twice; tests of the cache turn it on.
+        "cache": {"backend": "off"},
     }
     base.update(overrides)
     return Settings.load(None, **base)
