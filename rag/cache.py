@@ -7,7 +7,8 @@ sampling overrides, a fingerprint of the settings that shape an answer (retrieva
 generator, sampling, prompt, embedder, index backends) and the *index epoch* (the latest
 ingest run in the state database, its status and end). So a reindex, from the API, the
 scheduler or the CLI in another process, moves every question to a new scope: answers
-cached before it are never served again, and age out.
+cached before it are never served again, and age out. (Instances sharing a Redis cache but
+not a data directory do not see each other's reindexes: theirs age out after ``ttl_s``.)
 
 On an exact miss it is looked up **semantically**: the question's embedding (the
 deployment's embedder) against the answers cached in the same scope, served when the cosine
@@ -312,7 +313,6 @@ def config_fingerprint(settings: Settings, salt: str = "") -> str:
         "embedder": settings.embedder.model_dump(mode="json", include={"backend", "model", "dim"}),
         "lexical": settings.lexical.model_dump(mode="json", include={"backend", "url", "index"}),
         "vector": settings.vector.model_dump(mode="json", include={"backend", "uri", "collection"}),
-        "data_dir": str(settings.data_dir),
         "salt": salt,
     }
     return _digest(json.dumps(parts, sort_keys=True, default=str))
