@@ -351,9 +351,10 @@ def test_ragqa_serve_says_where_to_point_a_browser_and_runs_the_schedule(corpus,
     try:
         line = proc.stdout.readline()
         assert "point a browser at http://127.0.0.1:" in line, line + proc.stderr.read()
-        url = line.split("point a browser at ")[1].split()[0].removesuffix("/docs")
+        url = line.split("point a browser at ")[1].split()[0].rstrip("/")
         assert http.get(f"{url}/health").json() == {"status": "ok"}
         assert http.get(f"{url}/docs").status_code == 200
+        assert "<textarea" in http.get(f"{url}/").text  # the chat page
         with contextlib.closing(sqlite3.connect(corpus.data_dir / "jobs.db")) as db:
             jobs = sorted(row[0] for row in db.execute("SELECT id FROM apscheduler_jobs"))
         assert jobs == ["alpha:full", "alpha:incremental", "beta:full", "beta:incremental"]

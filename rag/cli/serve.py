@@ -73,8 +73,8 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
 
 def _announce(host: str, port: int) -> None:
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"ragqa is serving on http://{shown}:{port} - point a browser at http://{shown}:{port}/docs "
-               f"(OpenAI-compatible base URL: http://{shown}:{port}/v1)")
+    click.echo(f"ragqa is serving on http://{shown}:{port} - point a browser at http://{shown}:{port}/ "
+               f"to chat (API docs: /docs; OpenAI-compatible base URL: http://{shown}:{port}/v1)")
     sys.stdout.flush()
 
 
