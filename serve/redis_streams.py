@@ -28,15 +28,21 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import time
 import weakref
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from rag.config import ServeSettings
+from rag.errors import BackendUnavailable
 from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamEvent, StreamInfo, StreamStore
 
 __all__ = ["RedisStreamStore", "make_stream_store"]
+
+T = TypeVar("T")
 
 # KEYS: meta, events. ARGV: data, event name ('' for none), retention (ms), now.
 _APPEND = """
@@ -132,6 +138,9 @@ class RedisStreamStore:
             events.append(StreamEvent(int(entry_id.split("-")[0]), fields["d"], fields.get("e") or None))
         return events, finished
 
+    def _down(self, exc: Exception) -> BackendUnavailable:
+        return BackendUnavailable(f"the stream store (Redis at {_safe(self.url)}) is unavailable: {exc}")
+
     # -- the StreamStore protocol -----------------------------------------------------------------
     async def create(self, stream_id: str, kind: str, owner: str | None = None) -> None:
         meta, events = self._keys(stream_id)
@@ -190,6 +199,31 @@ class RedisStreamStore:
 
     async def ping(self) -> bool:
         return bool(await self._redis().ping())
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    return re.sub(r"//[^@/]*@", "//***@", url)
+
+
+def _unavailable(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Redis connection errors and timeouts as ``BackendUnavailable`` (a 503, not a 500)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: RedisStreamStore, *args: Any, **kwargs: Any) -> T:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        try:
+            return await method(self, *args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._down(exc) from exc
+
+    return wrapper
+
+
+for _name in ("create", "append", "finish", "read_after", "info"):
+    setattr(RedisStreamStore, _name, _unavailable(getattr(RedisStreamStore, _name)))
 
 
 def make_stream_store(serve: ServeSettings) -> StreamStore:

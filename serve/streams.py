@@ -226,9 +226,13 @@ class StreamManager:
             except Exception as exc:  # noqa: BLE001 - the waiting route answers with a status
                 ready.set_exception(exc)
                 return
-            await self.store.create(stream_id, kind, owner)
-            if first is not None:
-                await self.store.append(stream_id, first.data, first.event)
+            try:
+                await self.store.create(stream_id, kind, owner)
+                if first is not None:
+                    await self.store.append(stream_id, first.data, first.event)
+            except Exception as exc:  # noqa: BLE001 - a store that is down (Redis): the route answers 503
+                ready.set_exception(exc)
+                return
             ready.set_result(None)
             watchdog = asyncio.create_task(self._watch(stream_id, asyncio.current_task()))  # type: ignore[arg-type]
             try:

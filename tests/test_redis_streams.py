@@ -334,3 +334,20 @@ def test_an_unknown_stream_is_404_on_either_server(pair, http):
         r = http.get(f"{url}/v1/streams/nosuchstream", headers={"Last-Event-ID": "nosuchstream:4"})
         assert r.status_code == 404 and r.json()["error"]["param"] == "Last-Event-ID"
 
+
+
+def test_a_stream_store_that_is_down_is_a_503_before_the_stream_starts(corpus, http):
+    """Redis unreachable: a streamed request gets a JSON 503 (no hung request); plain answers still work."""
+    settings = corpus.settings.model_copy(update={
+        "serve": corpus.settings.serve.model_copy(update={"redis_url": "redis://:secret@127.0.0.1:9/0"}),
+        "cache": corpus.settings.cache.model_copy(update={"backend": "off"})})
+    with live(create_app(settings, services=corpus)) as url:
+        r = http.post(f"{url}/v1/ask", json={"question": question(2), "stream": True})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"
+        assert "stream store" in r.json()["error"]["message"] and "secret" not in r.json()["error"]["message"]
+        r = http.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "q"}],
+                                                         "stream": True})
+        assert r.status_code == 503
+        r = http.get(f"{url}/v1/streams/abc", headers={"Last-Event-ID": "abc:1"})
+        assert r.status_code == 503
+        assert http.post(f"{url}/v1/ask", json={"question": question(2)}).status_code == 200
