@@ -7,6 +7,11 @@ timings and the ``degraded`` flag. When the generator is down before its first t
 extractive answerer takes over and the answer is flagged degraded; a failure after the
 first token ends the stream with an ``error`` event.
 
+Questions and passages are screened for prompt injection (:mod:`rag.injection`). A blocked
+question is refused before retrieval: ``sources`` (empty), one ``delta`` with the refusal,
+and ``done`` with ``finish_reason="content_filter"`` (OpenAI's value for a filtered answer).
+Suspicious passages are excluded or quoted before packing; ``done.screening`` says which.
+
 An answer cache (:mod:`rag.cache`, ``cache.*`` settings) sits in front: a hit replays the
 cached answer as the same events (``sources``, the text as one ``delta``, ``done``), with
 ``cache`` ``"hit"`` (the same question) or ``"semantic"`` (a near-identical one) on the
@@ -28,12 +33,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
 from rag.errors import BackendError, GeneratorError
 from rag.generators.extractive import ExtractiveGenerator
+from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
 from rag.prompts import CitationStream, PromptExample, build_prompt, question_lang
 from rag.retrieval import HybridRetriever
@@ -62,6 +68,7 @@ class AnswerEvent:
     degraded: bool = False
     error: str | None = None
     cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
+    screening: Screening | None = None  # on ``done``: the question's verdict, passages excluded or quoted
 
 
 class Answerer:
@@ -74,8 +81,10 @@ class Answerer:
     """
 
     def __init__(self, services: Services, generator: Generator | None = None,
-                 retriever: HybridRetriever | None = None, cache: AnswerCacheLayer | None = None) -> None:
+                 retriever: HybridRetriever | None = None, injection: InjectionFilter | None = None,
+                 cache: AnswerCacheLayer | None = None) -> None:
         self.services = services
+        self.injection = injection or InjectionFilter(services.settings.injection)
         self.generator = generator or services.generator
         self.retriever = retriever or HybridRetriever.from_services(services)
         self.policy = SamplingPolicy(services.settings.sampling)
@@ -118,8 +127,8 @@ class Answerer:
         started = time.perf_counter()
         args: dict[str, Any] = {"history": history, "filters": filters, "top_k": top_k, "overrides": overrides}
         cache = None if no_cache else self.cache
-        injection = getattr(self, "injection", None)  # the prompt-injection filter
-        if cache is not None and injection is not None and injection.check_question(question).blocked:
+        verdict = self.injection.check_question(question)  # screened (and counted) once, here
+        if verdict.blocked:
             cache = None
         lookup: Lookup | None = None
         if cache is not None:
@@ -131,7 +140,7 @@ class Answerer:
             for event in _replay(lookup, started):
                 yield event
             return
-        events = self._answer(question, **args)
+        events = self._answer(question, verdict=verdict, **args)
         parts: list[str] = []
         sources: tuple[Citation, ...] = ()
         try:
@@ -158,16 +167,25 @@ class Answerer:
         except Exception as exc:  # noqa: BLE001 - the answer stands; only its caching failed
             log.warning("answer cache store failed: %s", exc)
 
-    async def _answer(self, question: str, *, history: Sequence[Mapping[str, str]] = (),
+    async def _answer(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
                       filters: Filters | None = None, top_k: int | None = None,
                       overrides: Mapping[str, Any] | None = None) -> AsyncIterator[AnswerEvent]:
         started = time.perf_counter()
+        if verdict.blocked:  # refused before retrieval: nothing of it reaches the model
+            yield AnswerEvent("sources")
+            yield AnswerEvent("delta", text=refusal(question))
+            yield AnswerEvent("done", finish_reason="content_filter", screening=Screening(verdict),
+                              timings={"total_ms": round((time.perf_counter() - started) * 1000, 2)})
+            return
+        history, dropped = self.injection.screen_history(history)
         k = top_k or self.services.settings.retrieval.top_k
         turn = 1 + sum(1 for t in history if t.get("role") == "user")
         params = self.policy.params(question, turn=turn, overrides=overrides)
         retrieval = await asyncio.to_thread(self.retriever.search, question, k, filters)
         timings = dict(retrieval.timings)
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
+        hits, screening = self.injection.screen_hits(retrieval.hits)
+        screening = replace(screening, question=verdict, history_dropped=dropped)
 
         generator: Generator = self.generator
         degraded = False
@@ -179,7 +197,7 @@ class Answerer:
             log.warning("generator %s unavailable, answering extractively: %s", generator.name, exc)
             generator, degraded = self.fallback, True
 
-        packed, prompt = self._prompt(generator, question, retrieval.hits, history, params)
+        packed, prompt = self._prompt(generator, question, hits, history, params)
         timings["pack_ms"] = (time.perf_counter() - started) * 1000 - timings["retrieve_ms"]
         yield AnswerEvent("sources", citations=tuple(packed.citations.values()), degraded=degraded)
 
@@ -202,7 +220,7 @@ class Answerer:
                     log.warning("generator %s failed before its first token, answering extractively: %s",
                                 generator.name, exc)
                     generator, degraded = self.fallback, True
-                    packed, prompt = self._prompt(generator, question, retrieval.hits, history, params)
+                    packed, prompt = self._prompt(generator, question, hits, history, params)
                     cites = CitationStream(packed.citations)
                     stream = generator.stream(prompt, params)
                     continue
@@ -224,7 +242,7 @@ class Answerer:
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
         yield AnswerEvent("done", citations=tuple(cites.cited),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
-                          timings=_finish(timings, started, gen_started), degraded=degraded)
+                          timings=_finish(timings, started, gen_started), degraded=degraded, screening=screening)
 
     def _prompt(self, generator: Generator, question: str, hits: list, history: Sequence[Mapping[str, str]],
                 params: GenerationParams) -> tuple[PackedContext, Prompt]:

@@ -248,6 +248,19 @@ class CacheSettings(BaseModel):
     prefix: str = Field(default="ragqa:cache", description="redis: key prefix.")
 
 
+class InjectionSettings(BaseModel):
+    """The prompt-injection filter (rag/injection.py): screens questions and retrieved passages."""
+
+    enabled: bool = True
+    chunk_action: Literal["exclude", "quote"] = Field(
+        default="exclude", description="A suspicious passage is left out of the context (exclude), or kept, "
+        "wrapped and marked as quoted data (quote).")
+    extra_patterns: dict[str, str] = Field(
+        default_factory=dict, description="More rules, name -> regex (case-insensitive, on normalised text): "
+        "a match blocks a question and flags a passage.")
+    disabled_rules: tuple[str, ...] = Field(default=(), description="Built-in rules to turn off (false positives).")
+
+
 class ChunkingSettings(BaseModel):
     size_tokens: int = Field(default=256, ge=16, le=8192)
     overlap_tokens: int = Field(default=32, ge=0)
@@ -372,6 +385,7 @@ class Settings(BaseSettings):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    injection: InjectionSettings = Field(default_factory=InjectionSettings)
 
     @classmethod
     def settings_customise_sources(

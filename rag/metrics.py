@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "CHUNKS_EMBEDDED"]
+__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "CHUNKS_EMBEDDED",
+           "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
+           "INJECTION_HISTORY_DROPPED"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -42,3 +44,23 @@ CHUNKS_EMBEDDED = Counter(
     ["source"],
     registry=REGISTRY,
 )
+
+# Prompt-injection screening (rag/injection.py), counted where the answerer screens.
+INJECTION_QUESTIONS = Counter(
+    "injection_questions", "Questions screened, by verdict (allowed, suspicious, blocked).",
+    ["verdict"], registry=REGISTRY)
+INJECTION_BLOCKS = Counter(
+    "injection_question_blocks",
+    "Blocked questions by rule (a question matching two rules counts under both).",
+    ["rule"], registry=REGISTRY)
+INJECTION_CHUNKS = Counter(
+    "injection_chunks",
+    "Retrieved passages that screening excluded from the context, or kept as quoted data.",
+    ["action"], registry=REGISTRY)
+INJECTION_RULES = Counter(
+    "injection_rule_matches", "Injection rule matches by target (question, chunk) and rule.",
+    ["target", "rule"], registry=REGISTRY)
+INJECTION_HISTORY_DROPPED = Counter(
+    "injection_history_turns_dropped",
+    "Earlier conversation turns left out of a prompt because a question would be blocked for them.",
+    registry=REGISTRY)
