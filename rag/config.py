@@ -349,6 +349,12 @@ class ServeSettings(BaseModel):
     redis_url: str | None = Field(
         default=None, description="redis://host:6379/0: keep streams in Redis, so a client resumes on any worker "
         "or instance (and the answer cache's default Redis); default: this process's memory.")
+    qa_log: bool = Field(default=True, description="Log each question and answer as a JSON line (secrets redacted).")
+    qa_log_path: Path | None = Field(
+        default=None, description="Where; default <data_dir>/logs/qa.jsonl (qa-{pid}.jsonl with several workers). "
+        "'{pid}' becomes the process id: rotation is per process, so give each worker its own file.")
+    qa_log_max_bytes: int = Field(default=10_000_000, ge=1024, description="Rotate the QA log at this size.")
+    qa_log_backups: int = Field(default=5, ge=1, le=1000, description="Rotated QA log files kept (qa.jsonl.1, ...).")
 
     @model_validator(mode="after")
     def _unique_keys(self) -> ServeSettings:

@@ -2,7 +2,7 @@
 
 Example::
 
-    events = observed("ask", state, state.answerer.stream(question, filters=filters))
+    events = observed("ask", state, state.answerer.stream(question, filters=filters), question=question)
     result = await collect(events)                 # a whole answer
     return sse_response(state, stream_id, after=0)  # or a stream the client can resume
 """
@@ -10,9 +10,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -22,17 +23,27 @@ from rag.errors import GeneratorError, RequestError
 from serve.deps import AppState, Caller
 from serve.errors import ClientGone, NotFound
 from serve.metrics import STREAMS_RUNNING, observe_answer
+from serve.qa_log import entry
 from serve.streams import parse_event_id
 
 __all__ = ["observed", "collect", "Collected", "sse_response", "resume", "until_disconnected", "counted"]
 
 T = TypeVar("T")
+log = logging.getLogger("ragqa.serve")
 
 
-async def observed(route: str, state: AppState, events: AsyncIterator[AnswerEvent]) -> AsyncIterator[AnswerEvent]:
-    """Pass the answerer's events through, recording metrics and the generator's health."""
+async def observed(route: str, state: AppState, events: AsyncIterator[AnswerEvent], *,
+                   question: str | None = None, **log_fields: Any) -> AsyncIterator[AnswerEvent]:
+    """Pass the answerer's events through, recording metrics and the generator's health, and
+    with ``question`` a line in the QA log when the answer ends (``log_fields`` go into it)."""
+    parts: list[str] = []
+    last: AnswerEvent | None = None
     try:
         async for event in events:
+            if event.kind == "delta":
+                parts.append(event.text)
+            elif event.kind in ("done", "error"):
+                last = event
             if event.kind == "done":
                 observe_answer(route, event)
                 if event.cache in (None, "miss"):  # a cached answer says nothing of the generator now
@@ -43,6 +54,13 @@ async def observed(route: str, state: AppState, events: AsyncIterator[AnswerEven
             yield event
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+        if question is not None and state.qa_log is not None:
+            outcome = "cancelled" if last is None else "error" if last.kind == "error" else "ok"
+            try:
+                state.qa_log.write(entry(route, question, "".join(parts).strip(), last, outcome=outcome,
+                                         **log_fields))
+            except Exception as exc:  # noqa: BLE001 - a log that cannot be written must not fail the answer
+                log.warning("cannot write the QA log: %s", exc)
 
 
 @dataclass

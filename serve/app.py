@@ -34,6 +34,7 @@ from serve.deps import AppState, GeneratorHealth
 from serve.errors import install_handlers
 from serve.limits import BodyLimit
 from serve.metrics import RequestMetrics
+from serve.qa_log import QALog
 from serve.redis_streams import make_stream_store
 from serve.schemas import ChatCompletionChunk
 from serve.streams import StreamManager
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     state = AppState(settings=settings, services=services, answerer=answerer,
                      streams=StreamManager(make_stream_store(serve), serve.disconnect_grace_s),
                      conversations=Conversations(), gate=Gate(serve))
+    state.qa_log = QALog.from_settings(settings)  # None when serve.qa_log is off
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +79,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             if hasattr(state.streams.store, "aclose"):  # the Redis store's connections
                 await state.streams.store.aclose()
             await answerer.close()
+            if state.qa_log is not None:
+                state.qa_log.close()
             if owned:
                 services.close()
 

@@ -29,6 +29,7 @@ from serve.streams import StreamManager
 
 if TYPE_CHECKING:
     from serve.auth import Gate
+    from serve.qa_log import QALog
 
 __all__ = ["AppState", "Caller", "State", "QueryCaller", "AdminCaller", "GeneratorHealth"]
 
@@ -50,6 +51,7 @@ class AppState:
     conversations: Conversations
     gate: Gate
     generator: GeneratorHealth = field(default_factory=GeneratorHealth)
+    qa_log: QALog | None = None  # serve.qa_log: the question-and-answer log
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ async def ask(body: AskRequest, request: Request, state: State, caller: QueryCal
     conversation_id = body.conversation_id or state.conversations.new_id()
     answer = observed("ask", state, state.answerer.stream(
         body.question, history=state.conversations.history(conversation_id, caller.key_id),
-        filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache))
+        filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache),
+        question=body.question, caller=caller.key_id, conversation_id=conversation_id, stream=body.stream)
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         state.conversations.add(conversation_id, body.question, result.text, caller.key_id)

@@ -142,7 +142,8 @@ async def chat_completions(
     filters = options.filters.parse("rag.filters") if options and options.filters else Filters()
     answer = observed("chat", state, state.answerer.stream(
         question, history=history, filters=caller.restrict(filters), top_k=options.top_k if options else None,
-        overrides=body.overrides(), no_cache=bool(options and options.no_cache)))
+        overrides=body.overrides(), no_cache=bool(options and options.no_cache)),
+        question=question, caller=caller.key_id, history_turns=len(history), stream=body.stream)
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         response.headers["X-Cache"] = result.done.cache or "miss"
