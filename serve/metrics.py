@@ -7,6 +7,10 @@
   ``answers_degraded_total`` and ``streams_running``.
 - ``answer_cache_lookups_total{result}``: answer cache lookups by result, ``hit`` (the same
   question), ``semantic`` (a near-identical one) or ``miss``; none when the cache is off or skipped.
+- Prompt-injection screening (counted by :mod:`rag.injection`, defined in :mod:`rag.metrics`):
+  ``injection_questions_total{verdict}``, ``injection_question_blocks_total{rule}``,
+  ``injection_chunks_total{action}`` (excluded, quoted), ``injection_rule_matches_total{target,rule}``
+  and ``injection_history_turns_dropped_total``.
 
 P99 comes from the histograms, e.g.
 ``histogram_quantile(0.99, sum by (le) (rate(answer_stage_seconds_bucket{stage="total"}[5m])))``.
