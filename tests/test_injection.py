@@ -127,20 +127,20 @@ def test_history_turns_a_question_would_be_blocked_for_are_dropped():
 
 @pytest.mark.slow
 def test_few_false_positives_on_real_documentation(tmp_path):
-    """Half the Python docs' pages, chunked as ingestion does: next to nothing is flagged
-    (none at all when this was written; a whole-corpus scan of 9,753 passages flagged none)."""
+    """A quarter of the Python docs' pages, chunked as ingestion does: next to nothing is flagged
+    (none when this was written; a scan of the whole corpus, 9,753 passages, flagged none)."""
     from tests.httpserver import unpack_pydocs
 
     site = unpack_pydocs("v1", tmp_path)
     chunker, screened, flagged = Chunker(), 0, []
-    for page in sorted(site.rglob("*.html"))[::2]:
+    for page in sorted(site.rglob("*.html"))[::4]:
         text = extract(page.read_bytes(), "html", url=f"file:///{page.name}").text
         for _, passage in chunker.split(text):
             screened += 1
             verdict = SCREEN.screen_chunk(passage)
             if verdict.suspicious:
                 flagged.append((page.name, verdict.rules))
-    assert screened > 3000 and len(flagged) <= screened // 2000, flagged
+    assert screened > 1500 and len(flagged) <= screened // 1000, flagged
 
 
 # -- in the answerer -----------------------------------------------------------------------------
