@@ -12,6 +12,9 @@ PYTHON="${PYTHON:-python3}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# llama-cpp-python (the llamacpp extra) is built from source, once per machine, into this cache.
+LLAMA_CPP_VERSION="0.3.36"
+RAGQA_WHEELS="${RAGQA_WHEELS:-$HOME/.cache/ragqa/wheels}"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -33,13 +36,34 @@ ensure_venv() {
   touch "$marker"
 }
 
+# ensure_llamacpp_wheel: PyPI has only the source of llama-cpp-python, a C++ build of 7-8
+# minutes on 2 idle cores. Build it once into $RAGQA_WHEELS/avx2/ and print that folder, so
+# that installs reuse the wheel. Not -march=native: on these VMs the CPU reports AMX, and
+# ggml's AMX kernels crash (SIGSEGV in ggml_backend_amx_mul_mat); AVX2/FMA (x86-64-v3) is
+# also portable. LLAVA_BUILD=OFF skips the multimodal library, which the service never loads.
+ensure_llamacpp_wheel() {
+  local dir="$RAGQA_WHEELS/avx2" start=$SECONDS
+  if ! compgen -G "$dir/llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" >/dev/null; then
+    say "building llama-cpp-python $LLAMA_CPP_VERSION into $dir (once per machine; 7-8 minutes)"
+    mkdir -p "$dir"
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+-DGGML_F16C=ON -DGGML_BMI2=ON ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "$RAGQA_VENV/bin/pip" wheel -q --no-deps -w "$dir" "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+    say "built llama-cpp-python in $((SECONDS - start)) s"
+  fi
+  echo "$dir"
+}
+
 # install_project EXTRAS: install this checkout (editable) with the given extras.
 install_project() {
   local extras="${1:-}"
-  local spec="$ROOT"
+  local spec="$ROOT" more=()
   [[ -n "$extras" ]] && spec="$ROOT[$extras]"
+  if [[ ",$extras," == *",llamacpp,"* ]]; then
+    more=(--find-links "$(ensure_llamacpp_wheel)" "llama-cpp-python==$LLAMA_CPP_VERSION")
+  fi
   say "installing ragqa${extras:+[$extras]} into $RAGQA_VENV"
-  "$RAGQA_VENV/bin/pip" install -q -e "$spec" "torch==$TORCH_VERSION"
+  "$RAGQA_VENV/bin/pip" install -q -e "$spec" "torch==$TORCH_VERSION" ${more[@]+"${more[@]}"}
 }
 
 # ensure_redis: a redis-server for the Redis tests (the stream store, the answer cache), from
