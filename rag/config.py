@@ -158,7 +158,11 @@ class RetrievalSettings(BaseModel):
     candidates: int = Field(default=100, ge=1, le=10000, description="Candidates each leg returns.")
     top_k: int = Field(default=8, ge=1, le=200, description="Passages returned per question.")
     rrf_k: float = Field(default=60.0, ge=0)
-    weights: tuple[float, float] = Field(default=(1.0, 1.0), description="RRF weights of (bm25, vector).")
+    weights: tuple[float, float] | None = Field(
+        default=None,
+        description="RRF weights of (bm25, vector); default (1, 1), or (1, 0.5) with the USE embedder, "
+        "whose vectors measured weaker than BM25 (see the README's retrieval figures).",
+    )
     recency_half_life_days: float | None = Field(
         default=None, gt=0,
         description="Boost recently modified passages: a passage this many days old gets half the boost. Off when unset.",
