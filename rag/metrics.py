@@ -64,3 +64,56 @@ INJECTION_HISTORY_DROPPED = Counter(
     "injection_history_turns_dropped",
     "Earlier conversation turns left out of a prompt because a question would be blocked for them.",
     registry=REGISTRY)
+
+
+class GpuMemoryCollector:
+    """``gpu_memory_used_bytes{device}`` and ``gpu_memory_total_bytes{device}`` when a GPU is present.
+
+    Reads NVML (``nvidia-ml-py``) when it is installed, else ``torch.cuda.mem_get_info`` when
+    torch is already loaded in this process (it is never imported just for this). Without a
+    GPU the families are simply absent, so a CPU deployment exports nothing for them.
+    """
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector interface
+        from prometheus_client.core import GaugeMetricFamily
+
+        readings = _gpu_memory()
+        if not readings:
+            return
+        used = GaugeMetricFamily("gpu_memory_used_bytes", "GPU memory in use, per device", labels=["device"])
+        total = GaugeMetricFamily("gpu_memory_total_bytes", "GPU memory size, per device", labels=["device"])
+        for device, (in_use, size) in readings.items():
+            used.add_metric([device], in_use)
+            total.add_metric([device], size)
+        yield used
+        yield total
+
+
+def _gpu_memory() -> dict[str, tuple[float, float]]:
+    import sys
+
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+            out[str(i)] = (float(info.used), float(info.total))
+        return out
+    except Exception:  # noqa: BLE001 - no NVML, no driver or no GPU: try torch
+        pass
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            out = {}
+            for i in range(torch.cuda.device_count()):
+                free, size = torch.cuda.mem_get_info(i)
+                out[str(i)] = (float(size - free), float(size))
+            return out
+    except Exception:  # noqa: BLE001 - a broken CUDA setup must not break /metrics
+        return {}
+    return {}
+
+
+REGISTRY.register(GpuMemoryCollector())

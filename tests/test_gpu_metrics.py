@@ -1,0 +1,29 @@
+"""GPU memory gauges: absent without a GPU, per device with one (a GPU cannot run here,
+so the CUDA runtime is stood in for through the two calls the collector makes)."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+
+from rag.metrics import REGISTRY
+
+
+def test_no_gpu_no_gauges():
+    text = generate_latest(REGISTRY).decode()
+    assert "gpu_memory_used_bytes" not in text
+
+
+def test_gauges_per_device_when_cuda_reports_memory(monkeypatch):
+    gib = 1024**3
+    cuda = SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
+                           mem_get_info=lambda i: ((100 - 10 * i) * gib, 141 * gib))
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: the torch path
+    samples = {(m.name, s.labels.get("device")): s.value
+               for m in REGISTRY.collect() for s in m.samples if m.name.startswith("gpu_memory")}
+    assert samples == {("gpu_memory_total_bytes", "0"): 141 * gib, ("gpu_memory_total_bytes", "1"): 141 * gib,
+                       ("gpu_memory_used_bytes", "0"): 41 * gib, ("gpu_memory_used_bytes", "1"): 51 * gib}
+    assert 'gpu_memory_used_bytes{device="1"}' in generate_latest(REGISTRY).decode()
