@@ -181,10 +181,14 @@ class Answerer:
         k = top_k or self.services.settings.retrieval.top_k
         turn = 1 + sum(1 for t in history if t.get("role") == "user")
         params = self.policy.params(question, turn=turn, overrides=overrides)
-        retrieval = await asyncio.to_thread(self.retriever.search, question, k, filters)
+
+        def retrieve_and_screen() -> tuple[Any, list, Any]:  # CPU work, off the event loop
+            found = self.retriever.search(question, k, filters)
+            return (found, *self.injection.screen_hits(found.hits))
+
+        retrieval, hits, screening = await asyncio.to_thread(retrieve_and_screen)
         timings = dict(retrieval.timings)
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
-        hits, screening = self.injection.screen_hits(retrieval.hits)
         screening = replace(screening, question=verdict, history_dropped=dropped)
 
         generator: Generator = self.generator
@@ -197,7 +201,7 @@ class Answerer:
             log.warning("generator %s unavailable, answering extractively: %s", generator.name, exc)
             generator, degraded = self.fallback, True
 
-        packed, prompt = self._prompt(generator, question, hits, history, params)
+        packed, prompt = await asyncio.to_thread(self._prompt, generator, question, hits, history, params)
         timings["pack_ms"] = (time.perf_counter() - started) * 1000 - timings["retrieve_ms"]
         yield AnswerEvent("sources", citations=tuple(packed.citations.values()), degraded=degraded)
 

@@ -106,7 +106,9 @@ def _warm(services: Services) -> None:
     """Load the embedder and open the indexes now rather than on the first question."""
     for name in ("embedder", "lexical", "vector"):
         try:
-            getattr(services, name)
+            component = getattr(services, name)
+            if name == "embedder" and hasattr(component, "load"):
+                component.load()  # the model itself, not only the object
         except Exception as exc:  # noqa: BLE001 - reported by /ready and by the first question
             log.warning("%s not ready at start-up: %s", name, exc)
 
