@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from evals.retrieval import load_beir, run_retrieval_eval
+from evals.retrieval import Variant, load_beir, parse_variant, run_retrieval_eval
 from rag.cli import cli
 from rag.errors import ConfigError
 from tests.test_retrieval import doc_text
@@ -83,3 +83,100 @@ def test_cli_eval_retrieval(beir, tmp_path):
 
     res = runner.invoke(cli, ["eval", "retrieval", str(beir), "--modes", "bm25,dense"], env=env)
     assert res.exit_code == 1 and "--modes" in res.stderr
+
+
+def test_parse_variant_names_and_errors():
+    v = parse_variant("rrf:w=1,0.5:k=20")
+    assert (v.mode, v.rrf_k, v.weights, v.candidates) == ("rrf", 20.0, (1.0, 0.5), 100)
+    assert v.name == "rrf:rrf_k=20:weights=1,0.5" and parse_variant(v.name) == v  # the name reads back
+    assert parse_variant("rrf:weights=1,1:rrf_k=60").name == "rrf"  # defaults are not named
+    assert parse_variant("hybrid:candidates=200").name == "hybrid:candidates=200"
+    assert parse_variant("hybrid:c=50").depth == 50 and parse_variant("bm25").depth == 200
+    named = parse_variant("best=rrf:weights=2,1", rrf_k=20)  # shared defaults fill the rest
+    assert (named.name, named.weights, named.rrf_k) == ("best", (2.0, 1.0), 20.0)
+    for bad, msg in [("dense", "modes"), ("bm25:weights=1,1", "does not apply"), ("rrf:weights=1", "weights"),
+                     ("rrf:k=-1", "rrf_k"), ("rrf:depth=3", "KEY=VALUE"), ("hybrid:c=0", "candidates"),
+                     ("=rrf", "empty name")]:
+        with pytest.raises(ConfigError, match=msg):
+            parse_variant(bad)
+
+
+def test_eval_variants_share_one_ingest(beir, tmp_path):
+    report = run_retrieval_eval(
+        beir, ["bm25", "rrf"], HASH, data_dir=tmp_path / "data", rrf_k=30,
+        variants=["rrf:weights=1,0", "vector-heavy=rrf:w=0.5,2:k=10", "hybrid:candidates=5",
+                  Variant("mine", "rrf", weights=(1.0, 1.0))])
+    assert list(report["metrics"]) == ["bm25", "rrf", "rrf:rrf_k=30:weights=1,0", "vector-heavy",
+                                       "hybrid:candidates=5", "mine"]
+    assert report["ingest"]["documents"] == 30  # ingested once
+    assert report["variants"]["rrf"] == {"mode": "rrf", "depth": 100, "candidates": 100, "rrf_k": 30.0,
+                                         "weights": [1.0, 1.0]}
+    assert report["variants"]["vector-heavy"]["weights"] == [0.5, 2.0]
+    assert report["variants"]["vector-heavy"]["rrf_k"] == 10.0
+    assert report["variants"]["hybrid:candidates=5"]["depth"] == 5
+    # With the vector leg weighted 0, fusion keeps BM25's order, which finds every document.
+    bm25, bm25_only = report["metrics"]["bm25"], report["metrics"]["rrf:rrf_k=30:weights=1,0"]
+    assert all(bm25[m] == bm25_only[m] for m in ("recall@1", "recall@10", "mrr@10", "ndcg@10"))
+    assert report["metrics"]["hybrid:candidates=5"]["recall@100"] <= 1.0
+    with pytest.raises(ConfigError, match="two variants"):
+        run_retrieval_eval(beir, ["rrf"], HASH, variants=["rrf:weights=1,1"])
+
+
+def test_eval_queries_and_qrels_files(beir, tmp_path):
+    """Other queries (as another language's would be) scored against the folder's corpus."""
+    other = tmp_path / "other"
+    other.mkdir()
+    corpus = load_beir(beir)[0]
+    picks = {f"x{i}": f"doc/{i}" for i in (2, 5, 9)}
+    with open(other / "queries.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"id": q, "text": corpus[d]["text"].split(".")[0]}) + "\n" for q, d in picks.items())
+    (other / "qrels.tsv").write_text("query-id\tdoc-id\trelevance\n"
+                                     + "".join(f"{q}\t{d}\t1\n" for q, d in picks.items()), encoding="utf-8")
+    report = run_retrieval_eval(beir, ["bm25"], HASH, queries_file=other / "queries.jsonl",
+                                qrels_file=other / "qrels.tsv", variants=["rrf:w=1,0.5"], per_query=True)
+    assert report["queries"] == 3 and report["queries_file"].endswith("queries.jsonl")
+    assert report["per_query"]["bm25"]["recall@10"] == {"x2": 1.0, "x5": 1.0, "x9": 1.0}
+    assert report["metrics"]["bm25"]["recall@10"] == 1.0 and "rrf:weights=1,0.5" in report["metrics"]
+    # The folder's qrels know none of these query ids.
+    with pytest.raises(ConfigError, match="no query has a relevant document"):
+        run_retrieval_eval(beir, ["bm25"], HASH, queries_file=other / "queries.jsonl")
+    # Judgements that name documents of another corpus are refused, not scored as zeros.
+    (other / "qrels.tsv").write_text("query-id\tdoc-id\trelevance\nx2\tother/2\t1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is in corpus.jsonl"):
+        run_retrieval_eval(beir, ["bm25"], HASH, queries_file=other / "queries.jsonl",
+                           qrels_file=other / "qrels.tsv")
+
+
+def test_cli_eval_variants_and_queries(beir, tmp_path):
+    env = {"RAG_EMBEDDER__BACKEND": "sentence-transformers", "RAG_EMBEDDER__DIM": "256",
+           "RAG_VECTOR__BACKEND": "numpy", "RAG_CONFIG": "", "RAG_DATA_DIR": str(tmp_path / "unused")}
+    runner = CliRunner()
+    args = ["eval", "retrieval", str(beir), "--embedder", "hash", "--queries", str(beir / "queries.jsonl"),
+            "--qrels", str(beir / "qrels.tsv"), "--rrf-k", "20", "--weights", "1,0.5",
+            "--variant", "rrf:w=2,1", "--variant", "h50=hybrid:c=50"]
+    res = runner.invoke(cli, [*args, "--json"], env=env, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["embedder"].startswith("hash") and report["embedder"].endswith(":256")  # env still applies
+    assert list(report["metrics"]) == ["rrf:rrf_k=20:weights=2,1", "h50"]  # --variant alone: no modes
+    assert report["variants"]["h50"]["candidates"] == 50
+
+    res = runner.invoke(cli, [*args, "--modes", "bm25,rrf"], env=env, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "candidates 100, rrf_k 20, weights 1,0.5" in res.stdout
+    assert "rrf:rrf_k=20:weights=2,1" in res.stdout and "h50" in res.stdout and "queries from" in res.stdout
+
+    # Without --weights/--rrf-k/--candidates, plain modes run with the settings' parameters.
+    res = runner.invoke(cli, ["eval", "retrieval", str(beir), "--embedder", "hash", "--modes", "rrf",
+                              "--variant", "rrf:k=20", "--json"],
+                        env={**env, "RAG_RETRIEVAL__WEIGHTS": "[2, 1]", "RAG_RETRIEVAL__CANDIDATES": "40"},
+                        catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    variants = json.loads(res.stdout)["variants"]
+    assert variants["rrf"] == {"mode": "rrf", "depth": 40, "candidates": 40, "rrf_k": 60.0, "weights": [2.0, 1.0]}
+    assert variants["rrf:candidates=40:rrf_k=20:weights=2,1"]["rrf_k"] == 20.0
+
+    for bad, msg in [(["--weights", "1"], "--weights"), (["--variant", "rrf:x=1"], "KEY=VALUE"),
+                     (["--variant", "bm25:k=3"], "does not apply")]:
+        res = runner.invoke(cli, ["eval", "retrieval", str(beir), "--embedder", "hash", *bad], env=env)
+        assert res.exit_code == 1 and msg in res.stderr, res.output
