@@ -118,3 +118,9 @@ def test_help_explains_every_command(env):
         assert command in res.stdout
     res = invoke(env, "reindex", "--help")
     assert "--mode" in res.stdout and "incremental" in res.stdout
+
+
+def test_a_usage_error_is_clicks_own_message_and_exit_code(tmp_path):
+    res = CliRunner().invoke(cli, ["ask", "   "], env={"RAG_DATA_DIR": str(tmp_path / "data"), "RAG_CONFIG": ""})
+    assert res.exit_code == 2
+    assert "Error: the question is empty" in res.output and "unexpected" not in res.output

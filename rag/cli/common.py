@@ -50,6 +50,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except RagError as exc:
             fail(str(exc))
+        except click.ClickException:  # usage errors keep click's own message and exit code
+            raise
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
