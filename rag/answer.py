@@ -140,7 +140,8 @@ class Answerer:
             for event in _replay(lookup, started):
                 yield event
             return
-        events = self._answer(question, verdict=verdict, **args)
+        vector = lookup.vector if lookup is not None else None
+        events = self._answer(question, verdict=verdict, query_vector=vector, **args)
         parts: list[str] = []
         sources: tuple[Citation, ...] = ()
         try:
@@ -169,7 +170,8 @@ class Answerer:
 
     async def _answer(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
                       filters: Filters | None = None, top_k: int | None = None,
-                      overrides: Mapping[str, Any] | None = None) -> AsyncIterator[AnswerEvent]:
+                      overrides: Mapping[str, Any] | None = None,
+                      query_vector: Any = None) -> AsyncIterator[AnswerEvent]:
         started = time.perf_counter()
         if verdict.blocked:  # refused before retrieval: nothing of it reaches the model
             yield AnswerEvent("sources")
@@ -183,7 +185,8 @@ class Answerer:
         params = self.policy.params(question, turn=turn, overrides=overrides)
 
         def retrieve_and_screen() -> tuple[Any, list, Any]:  # CPU work, off the event loop
-            found = self.retriever.search(question, k, filters)
+            reuse = {} if query_vector is None else {"query_vector": query_vector}  # the cache's embedding
+            found = self.retriever.search(question, k, filters, **reuse)
             return (found, *self.injection.screen_hits(found.hits))
 
         retrieval, hits, screening = await asyncio.to_thread(retrieve_and_screen)

@@ -190,6 +190,17 @@ def test_a_paraphrase_is_a_semantic_hit_and_a_different_question_a_miss(corpus, 
     assert "write()" in other and done(events).citations[0].doc_id == "docs:writing.md"
 
 
+def test_a_miss_embeds_the_question_once(corpus, new_cache, monkeypatch):
+    """The semantic lookup's embedding is the one retrieval uses; it is not computed twice."""
+    calls: list[str] = []
+    embed = corpus.embedder.embed_query
+    monkeypatch.setattr(corpus.embedder, "embed_query", lambda q: calls.append(q) or embed(q))
+    answerer = Answerer(corpus, generator=Counting(), cache=new_cache())
+    _, events = ask(answerer, WRITE)
+    assert done(events).cache == "miss" and calls == [WRITE]
+    assert done(events).citations[0].doc_id == "docs:writing.md"  # retrieval still found it
+
+
 def test_the_semantic_threshold_and_the_numbers_guard(corpus, new_cache):
     gen = Counting()
     strict = Answerer(corpus, generator=gen, cache=new_cache(semantic_threshold=0.999))

@@ -288,7 +288,7 @@ class TestEngine:
                                                             hash=f"h{i}", title=f"Doc {i}"))
                 for i in range(10)]
         assert sum(engine.count_tokens(h.chunk.text) for h in hits) > 4 * TINY_MAX_LEN
-        retriever = SimpleNamespace(search=lambda question, k, filters: Retrieval(hits, {}))
+        retriever = SimpleNamespace(search=lambda question, k, filters, **_: Retrieval(hits, {}))
         answerer = Answerer(SimpleNamespace(settings=Settings()), generator=engine,
                             retriever=retriever)  # type: ignore[arg-type]
 

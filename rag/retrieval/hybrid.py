@@ -126,14 +126,19 @@ class HybridRetriever:
         """The best ``k`` chunks for ``query``, best first, one hit per chunk id."""
         return self.search(query, k, filters).hits
 
-    def search(self, query: str, k: int = 10, filters: Filters | None = None) -> Retrieval:
-        """Like :meth:`retrieve`, with the milliseconds each step took."""
+    def search(self, query: str, k: int = 10, filters: Filters | None = None,
+               query_vector: np.ndarray | None = None) -> Retrieval:
+        """Like :meth:`retrieve`, with the milliseconds each step took.
+
+        ``query_vector`` is the query's embedding when the caller already has it (the
+        answer cache computes it for its semantic lookup), so it is not computed twice.
+        """
         clock = _Clock()
         if k <= 0:
             return Retrieval([], clock.timings)
         n = max(self.candidates, k)
-        qvec: np.ndarray | None = None
-        if self.mode in ("vector", "rrf") or (self.mode == "hybrid" and self._embedding_rerank):
+        qvec: np.ndarray | None = query_vector
+        if qvec is None and (self.mode in ("vector", "rrf") or (self.mode == "hybrid" and self._embedding_rerank)):
             qvec = self.services.embedder.embed_query(query)
             clock.lap("embed")
         if self.mode == "bm25":
