@@ -65,25 +65,15 @@ READ_PARAPHRASE = "In Python, how can I read a file?"  # MiniLM: cosine 0.98-0.9
 WRITE = "How do I write a file in Python?"  # 0.79 to READ
 
 
-class Counting:
+class Counting(ExtractiveGenerator):
     """The extractive generator, counting generations; ``down`` makes it fail before any token."""
 
     name = "counting-extractive"
-    context_window = 1_000_000
 
     def __init__(self) -> None:
-        self.inner = ExtractiveGenerator()
+        super().__init__()
         self.calls = 0
         self.down = False
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
 
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
         self.calls += 1
@@ -91,7 +81,7 @@ class Counting:
             from rag.errors import BackendUnavailable
 
             raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
-        async for delta in self.inner.stream(prompt, params):
+        async for delta in super().stream(prompt, params):
             yield delta
 
 

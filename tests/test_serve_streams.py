@@ -31,15 +31,14 @@ corpus = test_serve.corpus  # the index fixture, built once for this module too
 http = test_serve.http
 
 
-class Gated:
+class Gated(ExtractiveGenerator):
     """The extractive generator, with knobs: hold before piece ``hold_at`` until ``gate`` is
     set, fail after ``fail_after`` pieces, or be down (``down``) before the first token."""
 
     name = "gated-extractive"
-    context_window = 1_000_000
 
     def __init__(self) -> None:
-        self.inner = ExtractiveGenerator()
+        super().__init__()
         self.reset()
 
     def reset(self) -> None:
@@ -49,21 +48,12 @@ class Gated:
         self.down = False
         self.closed_early = False
 
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
-
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
         if self.down:
             raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
         sent = 0
         try:
-            async for delta in self.inner.stream(prompt, params):
+            async for delta in super().stream(prompt, params):
                 if delta.text:
                     if sent == self.fail_after:
                         raise GeneratorError("the model server closed the stream")

@@ -60,16 +60,15 @@ def browser_missing() -> str | None:
 
 
 # -- the server side -------------------------------------------------------------------------
-class Paced:
+class Paced(ExtractiveGenerator):
     """The extractive generator, ``delay_s`` before each piece of text, and held before piece
     ``hold_at`` until ``gate`` is set (``waiting`` says it is held there). ``closed_early`` says a
     generation was cancelled or closed before it finished."""
 
     name = "paced-extractive"
-    context_window = 1_000_000
 
     def __init__(self) -> None:
-        self.inner = ExtractiveGenerator()
+        super().__init__()
         self.gate = threading.Event()
         self.reset()
 
@@ -81,19 +80,10 @@ class Paced:
         self.closed_early = False
         self.closed_at = 0.0
 
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
-
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
         sent = 0
         try:
-            async for delta in self.inner.stream(prompt, params):
+            async for delta in super().stream(prompt, params):
                 if delta.text:
                     if sent == self.hold_at:
                         self.waiting = True
