@@ -25,7 +25,7 @@ from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamStore
 from tests import test_serve
 from tests.test_serve import live, question, sse_events
-from tests.test_serve_streams import Gated, comparable, wait_for
+from tests.test_serve_streams import Gated, comparable, gen, knobs, wait_for  # noqa: F401 - fixtures
 
 REDIS_URL = os.environ.get("RAG_TEST_REDIS_URL")
 needs_redis = pytest.mark.skipif(not REDIS_URL, reason="RAG_TEST_REDIS_URL is not set (scripts/test.sh starts "
@@ -225,19 +225,6 @@ def finished(state, stream_id: str) -> bool:  # state: an app's AppState; read w
     meta = state.streams.store._keys(stream_id)[0]
     with redis.Redis.from_url(REDIS_URL, decode_responses=True) as client:
         return client.hget(meta, "finished") == "1"
-
-
-@pytest.fixture(scope="module")
-def gen() -> Gated:
-    return Gated()
-
-
-@pytest.fixture
-def knobs(gen: Gated) -> Iterator[Gated]:
-    gen.reset()
-    yield gen
-    gen.gate.set()
-    gen.reset()
 
 
 @pytest.fixture(scope="module")
