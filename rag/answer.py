@@ -91,6 +91,7 @@ class Answerer:
         self.fallback = ExtractiveGenerator()
         self.examples = [PromptExample(e.question, e.context, e.answer, e.lang)
                          for e in services.settings.prompt.examples]
+        self.system = dict(services.settings.prompt.system)
         self._started = False
         self._start_lock = asyncio.Lock()
         self.cache = cache if cache is not None else make_answer_cache(services, salt=self.generator.name)
@@ -256,12 +257,13 @@ class Answerer:
         """Pack the hits into what is left of the model's window, then build the prompt."""
         empty = PackedContext("", (), {}, 0, 0)
         bare = build_prompt(question, empty, lang=question_lang(question), history=history,
-                            examples=self.examples)
+                            examples=self.examples, instructions=self.system)
         overhead = generator.count_tokens("\n".join(m["content"] for m in bare.messages))
         budget = context_budget(generator.context_window, self.services.settings.retrieval.max_context_tokens,
                                 overhead + params.max_tokens + HEADROOM_TOKENS)
-        packed = ContextPacker(generator.count_tokens, budget).pack(hits)
-        prompt = build_prompt(question, packed, history=history, examples=self.examples)
+        retrieval = self.services.settings.retrieval
+        packed = ContextPacker(generator.count_tokens, budget, max_chunks=retrieval.max_context_chunks).pack(hits)
+        prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
         return packed, prompt
 
 

@@ -173,6 +173,8 @@ class RetrievalSettings(BaseModel):
         description="Drop a passage when this share of its words is already in a better passage of the same document.",
     )
     max_context_tokens: int = Field(default=3000, ge=64, description="Token budget of the packed context.")
+    max_context_chunks: int | None = Field(
+        default=None, ge=1, description="Most passages packed into the context; default: as many as fit.")
     reranker: RerankerSettings = Field(default_factory=RerankerSettings)
 
 
@@ -234,6 +236,19 @@ class PromptExampleSettings(BaseModel):
 class PromptSettings(BaseModel):
     examples: list[PromptExampleSettings] = Field(
         default_factory=list, description="Few-shot examples, used for questions in their language.")
+    system: dict[Literal["en", "zh"], str] = Field(
+        default_factory=dict, description="Replace the system instructions for a language; '{unknown}' "
+        "stands for that language's \"I don't know\" sentence. Measure a change with ragqa eval answers.")
+
+
+class EvalSettings(BaseModel):
+    """The answer evaluation's experiment tracking (ragqa eval answers)."""
+
+    tracking: bool = Field(default=True, description="Log each run to MLflow when it is installed.")
+    tracking_uri: str | None = Field(
+        default=None, description="An MLflow tracking URI; default sqlite:///<data_dir>/mlflow.db "
+        "(artifacts in <data_dir>/mlruns).")
+    experiment: str = Field(default="ragqa-answers", min_length=1, description="The MLflow experiment's name.")
 
 
 class CacheSettings(BaseModel):
@@ -396,6 +411,7 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     injection: InjectionSettings = Field(default_factory=InjectionSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @classmethod
     def settings_customise_sources(

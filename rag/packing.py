@@ -70,7 +70,8 @@ def passage_header(label: int, chunk: Chunk) -> str:
 class ContextPacker:
     """Packs ranked hits into at most ``max_tokens`` tokens, labelled ``[1]``, ``[2]``, ...
 
-    ``min_passage_tokens`` is the least room worth filling with a truncated passage.
+    ``min_passage_tokens`` is the least room worth filling with a truncated passage;
+    ``max_chunks``, when set, is the most passages packed.
 
     Example::
 
@@ -79,16 +80,19 @@ class ContextPacker:
     """
 
     def __init__(self, counter: TokenCounter | Callable[[str], int], max_tokens: int,
-                 min_passage_tokens: int = 32) -> None:
+                 min_passage_tokens: int = 32, max_chunks: int | None = None) -> None:
         if max_tokens < 1:
             raise ConfigError(f"the context budget must be at least 1 token, got {max_tokens}")
         self.count: Callable[[str], int] = (
             counter.count_tokens if isinstance(counter, TokenCounter) else counter)
         self.max_tokens = max_tokens
         self.min_passage_tokens = min_passage_tokens
+        self.max_chunks = max_chunks
 
     def pack(self, hits: Sequence[Hit]) -> PackedContext:
         ranked = [h for h in hits if h.chunk is not None]
+        if self.max_chunks is not None:
+            ranked = ranked[: self.max_chunks]
         blocks: list[str] = []
         sizes: list[int] = []
         truncated: str | None = None

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rag.packing import PackedContext
+from rag.support import LABEL
 from rag.types import Citation, Prompt
 
 __all__ = ["PromptExample", "build_prompt", "cite", "CitationStream", "question_lang", "UNKNOWN"]
@@ -56,8 +57,7 @@ SYSTEM = {
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
-# [1], [1, 2], [1][2], 【1】 (full-width brackets, as Chinese models often write)
-_LABELS = re.compile(r"[\[【]\s*(\d{1,3}(?:\s*[,，、]\s*\d{1,3})*)\s*[\]】]")
+_LABELS = LABEL  # [1], [1, 2], [1][2], 【1】
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +78,17 @@ def question_lang(question: str) -> str:
 
 def build_prompt(question: str, packed: PackedContext, *, lang: str | None = None,
                  history: Sequence[Mapping[str, str]] = (),
-                 examples: Sequence[PromptExample] = ()) -> Prompt:
+                 examples: Sequence[PromptExample] = (), instructions: Mapping[str, str] | None = None) -> Prompt:
     """The prompt for ``question`` over ``packed``, in the question's language.
 
     ``history`` holds earlier turns (``{"role": "user"|"assistant", "content"}``); they go
     between the system message and the new question, without their old contexts.
+    ``instructions`` replaces the rules of :data:`SYSTEM` per language (``{unknown}`` in it
+    becomes the language's "I don't know" sentence).
     """
     lang = lang or question_lang(question)
-    system = SYSTEM.get(lang, SYSTEM["en"]).format(unknown=UNKNOWN.get(lang, UNKNOWN["en"]))
+    template = (instructions or {}).get(lang) or SYSTEM.get(lang, SYSTEM["en"])
+    system = template.replace("{unknown}", UNKNOWN.get(lang, UNKNOWN["en"]))
     shots = [e for e in examples if e.lang == lang]
     if shots:
         system += "\n\n<examples>\n" + "\n".join(

@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator
 
 from rag.prompts import UNKNOWN
 from rag.retrieval.postprocess import words
+from rag.support import STOPWORDS
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
 __all__ = ["ExtractiveGenerator"]
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])|\n+")
-_STOP = frozenset(
-    ["a", "an", "the", "is", "are", "was", "were", "be", "to", "of", "in", "on", "for", "and", "or", "with", "what", "which", "who", "whom", "when", "where", "why", "how", "do", "does", "did", "can", "could", "should", "would", "i", "you", "it", "this", "that", "these", "those", "my", "your", "from", "by", "as", "at", "about", "的", "了", "是", "在", "吗", "呢", "吧", "和", "与", "什", "么", "哪", "谁", "怎", "样", "如", "何", "多", "少", "个", "有"])
+
 
 
 class ExtractiveGenerator:
@@ -58,7 +58,7 @@ class ExtractiveGenerator:
         return len(re.findall(r"[\u3400-\u9fff]|[^\W_]+|[^\w\s]", text))
 
     def answer(self, prompt: Prompt) -> str:
-        wanted = words(prompt.question) - _STOP
+        wanted = words(prompt.question) - STOPWORDS
         scored: list[tuple[float, int, int, str]] = []
         for rank, passage in enumerate(prompt.passages):
             for i, sentence in enumerate(s.strip() for s in _SENTENCE.split(passage.chunk.text)):
