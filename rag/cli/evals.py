@@ -1,4 +1,4 @@
-"""``ragqa eval``: measure retrieval quality on a labelled dataset."""
+"""``ragqa eval``: measure retrieval and answer quality on labelled datasets, compare runs, gate."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ EMBEDDERS = ("sentence-transformers", "use", "e5", "hash")
 
 @click.group("eval")
 def eval_group() -> None:
-    """Measure retrieval quality on a labelled (BEIR-style) dataset."""
+    """Measure retrieval and answer quality on labelled (BEIR-style) datasets.
+
+    `retrieval` scores the ranking alone; `answers` runs the whole answer pipeline and scores
+    the answers, citations and latency; `compare` puts two answer runs side by side with
+    bootstrap intervals; `gate` fails when a run is worse than a baseline.
+    """
 
 
 @eval_group.command("retrieval")
@@ -129,3 +134,136 @@ def _table(r: dict[str, Any]) -> str:
         lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))))
     return "\n".join(lines)
+
+
+@eval_group.command("answers")
+@click.argument("dataset_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--limit", "-n", type=click.IntRange(1), help="Draw N questions (with --seed). [default: all]")
+@click.option("--seed", "-s", type=int, default=0, show_default=True,
+              help="Sample seed (and generation seed): the same seed draws the same questions.")
+@click.option("--out", "-o", type=click.Path(file_okay=False),
+              help="Run folder (rows.jsonl, summary.json). [default: <data_dir>/evals/runs/<name>]")
+@click.option("--abstain", "abstain_limit", type=click.IntRange(0),
+              help="Questions asked again with their gold documents filtered out (abstention). "
+              "[default: every sampled question; 0: none]")
+@click.option("--queries", "queries_file", type=click.Path(exists=True, dir_okay=False),
+              help="A queries.jsonl (id, text, answers) instead of DATASET_DIR's; required for a data dir.")
+@click.option("--qrels", "qrels_file", type=click.Path(exists=True, dir_okay=False),
+              help="A qrels.tsv instead of DATASET_DIR's.")
+@click.option("--name", help="The dataset's name in reports. [default: the folder's name]")
+@click.option("--fresh", is_flag=True, help="Discard an earlier run in the same folder instead of resuming it.")
+@click.option("--no-tracking", is_flag=True, help="Do not log the run to MLflow.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: str | None,
+            abstain_limit: int | None, queries_file: str | None, qrels_file: str | None, name: str | None,
+            fresh: bool, no_tracking: bool, as_json: bool) -> None:
+    """Answer DATASET_DIR's questions with the real pipeline and score them.
+
+    DATASET_DIR is a BEIR-style folder whose queries.jsonl rows have "answers" (or RGB's
+    "answer_parts"); its corpus is ingested once under <data_dir>/evals/index and reused by
+    later runs with the same corpus and index settings. It may also be a ragqa data dir,
+    evaluated as it is, with --queries. The generator, retriever and every other setting come
+    from the settings (--config, RAG_* variables), as `ragqa serve` would use them.
+
+    Per question: EM, F1, contains-gold, BLEU-4, ROUGE-L, citation compliance, accuracy and
+    support, retrieval hits, each stage's latency, TTFT and tokens; then abstention with the
+    gold documents filtered out. Rows are written as they come: run the same command again
+    to resume an interrupted run.
+
+    Example: ragqa eval answers tests/data/xquad-zh --limit 150 --seed 0 --config qwen.yaml
+    """
+    from evals.answers import run_answer_eval
+    from rag.logs import setup_logging
+
+    setup_logging(json_logs=obj.log_json, verbose=obj.verbose)
+    overrides: dict[str, Any] = {}
+    if obj.data_dir:
+        overrides["data_dir"] = obj.data_dir
+    if obj.log_json:
+        overrides["log_json"] = True
+    summary = run_answer_eval(dataset_dir, config_file=obj.config, overrides=overrides, limit=limit, seed=seed,
+                              out=out, abstain_limit=abstain_limit, queries_file=queries_file,
+                              qrels_file=qrels_file, fresh=fresh, tracking=not no_tracking, name=name)
+    emit(summary, as_json, _answers_table)
+
+
+def _answers_table(s: dict[str, Any]) -> str:
+    m = s["metrics"]
+    lines = [f"{s['dataset']}: {s['questions']} questions ({s['abstention_questions']} asked again without their "
+             f"gold documents), {s['generator']} {s['model'] or ''} {s['quantization'] or ''}".rstrip(),
+             f"index: {s['index']['documents']} documents, {s['index']['chunks']} chunks"
+             + (" (reused)" if s["ingest"].get("reused") else "")]
+    groups = (("answers", ("em", "f1", "contains_gold", "bleu4", "rouge_l", "abstained")),
+              ("citations", ("compliance", "citation_accuracy", "citation_precision", "support", "unlabelled")),
+              ("retrieval", ("retrieval_hit", "retrieval_mrr", "context_hit")),
+              ("abstention", ("abstention",)))
+    for label, keys in groups:
+        shown = "  ".join(f"{k} {m[k]:.3f}" for k in keys if k in m)
+        if shown:
+            lines.append(f"{label + ':':<12}{shown}")
+    for stage, stats in s["latency"].items():
+        lines.append(f"{stage + ':':<20}p50 {stats['p50']:>9.1f}  p99 {stats['p99']:>9.1f}  mean {stats['mean']:>9.1f}")
+    lines.append(f"errors {s['errors']}, degraded {s['degraded']}, cache {s['cache']}")
+    lines.append(f"run: {s['run_dir']}" + (f" (MLflow run {s['mlflow_run_id']})" if s.get("mlflow_run_id") else ""))
+    return "\n".join(lines)
+
+
+@eval_group.command("compare")
+@click.argument("run_a", type=click.Path(exists=True))
+@click.argument("run_b", type=click.Path(exists=True))
+@click.option("--resamples", type=click.IntRange(1000), default=2000, show_default=True,
+              help="Paired bootstrap resamples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--flips", type=click.IntRange(0), default=10, show_default=True,
+              help="Flipped questions printed with both answers.")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def compare_cmd(run_a: str, run_b: str, resamples: int, seed: int, flips: int, as_json: bool) -> None:
+    """Compare two `eval answers` runs (folders, or their rows.jsonl) question by question.
+
+    For every metric: A, B, the delta B - A and its paired bootstrap 95% interval, marked when
+    it excludes 0; then the questions right in one run and wrong in the other (contains-gold,
+    and abstention), with both answers.
+    """
+    from evals.compare import compare, load_run, render_compare
+
+    report = compare(load_run(run_a), load_run(run_b), resamples=resamples, seed=seed)
+    emit(report, as_json, lambda r: render_compare(r, "A", "B", flips=flips))
+
+
+@eval_group.command("gate")
+@click.option("--baseline", "-b", required=True, type=click.Path(exists=True),
+              help="The baseline run (a folder or its rows.jsonl), e.g. evals/baselines/xquad-en-extractive.")
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--tolerance", "-t", "tolerances", multiple=True, metavar="[METRIC=]VALUE",
+              help="How much worse a metric may be without a significant interval (absolute); repeatable. "
+              "[default: 0.02 for every metric]")
+@click.option("--metrics", "-m", help="Comma-separated metrics to gate. [default: the quality metrics]")
+@click.option("--resamples", type=click.IntRange(1000), default=2000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def gate_cmd(baseline: str, run: str, tolerances: tuple[str, ...], metrics: str | None, resamples: int, seed: int,
+             as_json: bool) -> None:
+    """Exit 1 when RUN is worse than the baseline on a gated metric: significantly (the paired
+    bootstrap interval excludes 0) or by more than its tolerance. Prints which metric, by
+    how much, and the interval.
+    """
+    from evals.compare import gate, load_run, render_gate
+    from rag.errors import ConfigError
+
+    tol: dict[str, float] = {}
+    for spec in tolerances:
+        key, eq, value = spec.rpartition("=")
+        try:
+            tol[key if eq else "*"] = float(value)
+        except ValueError:
+            raise ConfigError(f"--tolerance: expected [METRIC=]NUMBER, got {spec!r}") from None
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    result = gate(load_run(baseline), load_run(run), tolerance=tol or 0.02, metrics=chosen,
+                  resamples=resamples, seed=seed)
+    emit(result, as_json, render_gate)
+    if not result["passed"]:
+        raise SystemExit(1)
