@@ -335,7 +335,9 @@ async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str
     to_ours = {v: k for k, v in doc_of.items()}  # dataset doc id -> our doc id
     with_gold = [i for i in ds.items if i.gold_docs]
     negatives = with_gold if abstain_limit is None else with_gold[:abstain_limit]
-    work = [(i, "answer") for i in ds.items] + [(i, "abstain") for i in negatives]
+    negative_ids = {i.qid for i in negatives}
+    # Each question's abstention right after its answer: a run stopped early has both for its first questions.
+    work = [(i, p) for i in ds.items for p in ("answer", "abstain") if p == "answer" or i.qid in negative_ids]
     rows = [done[(i.qid, p)] for i, p in work if (i.qid, p) in done]
     todo = [(i, p) for i, p in work if (i.qid, p) not in done]
     if not todo:
@@ -375,7 +377,8 @@ async def _one(answerer: Any, retriever: _EvalRetriever, item: QAItem, kind: str
     error: str | None = None
     retriever.hits = []
     try:
-        async for event in answerer.stream(item.question, overrides={"seed": seed}):
+        # the abstention pass skips the answer cache, which holds this question's answer pass
+        async for event in answerer.stream(item.question, overrides={"seed": seed}, no_cache=kind == "abstain"):
             if event.kind == "sources":
                 sources = event.citations
             elif event.kind == "delta":
