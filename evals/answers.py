@@ -439,7 +439,8 @@ def _speed(timings: Mapping[str, float], usage: Mapping[str, int]) -> dict[str, 
     out: dict[str, float | None] = {k: timings.get(k) for k in LATENCIES}
     decode_s = ((timings.get("total_ms") or 0) - (timings.get("ttft_ms") or 0)) / 1000
     tokens = usage.get("completion_tokens") or 0
-    out["tokens_per_s"] = round((tokens - 1) / decode_s, 2) if tokens > 1 and decode_s > 0 else None
+    model = bool(usage.get("prompt_tokens"))  # a model read a prompt (the extractive answerer reads none)
+    out["tokens_per_s"] = round((tokens - 1) / decode_s, 2) if model and tokens > 1 and decode_s > 0 else None
     out["prompt_tokens"] = usage.get("prompt_tokens")
     out["completion_tokens"] = usage.get("completion_tokens")
     return out
