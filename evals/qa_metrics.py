@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from rag.errors import ConfigError
 from rag.support import SUPPORTED, labels_of, split_sentences, strip_labels, support_score
 
 __all__ = ["abstained", "answer_scores", "bleu4", "citation_scores", "contains_gold", "exact_match", "f1",
@@ -125,9 +126,15 @@ def contains_gold(answer: str, golds: Sequence[str] | Sequence[Sequence[str]], l
     return any(_holds(text, g, lang) for g in golds)  # type: ignore[arg-type]
 
 
+_NEEDS = "the answer metrics need sacrebleu and rouge-score: pip install 'ragqa[eval]'"
+
+
 @lru_cache(maxsize=4)
 def _bleu(lang: str) -> Any:
-    from sacrebleu.metrics import BLEU
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError as exc:
+        raise ConfigError(_NEEDS) from exc
 
     return BLEU(tokenize="zh" if lang == "zh" else "13a", effective_order=True)
 
@@ -150,7 +157,10 @@ class _Chars:
 
 @lru_cache(maxsize=4)
 def _rouge(lang: str) -> Any:
-    from rouge_score import rouge_scorer
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError as exc:
+        raise ConfigError(_NEEDS) from exc
 
     return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_Chars() if lang == "zh" else None)
 

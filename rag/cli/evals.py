@@ -153,7 +153,7 @@ def _table(r: dict[str, Any]) -> str:
 @click.option("--name", help="The dataset's name in reports. [default: the folder's name]")
 @click.option("--fresh", is_flag=True, help="Discard an earlier run in the same folder instead of resuming it.")
 @click.option("--no-tracking", is_flag=True, help="Do not log the run to MLflow.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.pass_obj
 @handle_errors
 def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: str | None,
@@ -218,7 +218,7 @@ def _answers_table(s: dict[str, Any]) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
 @click.option("--flips", type=click.IntRange(0), default=10, show_default=True,
               help="Flipped questions printed with both answers.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison (all flips) as one JSON object.")
 @handle_errors
 def compare_cmd(run_a: str, run_b: str, resamples: int, seed: int, flips: int, as_json: bool) -> None:
     """Compare two `eval answers` runs (folders, or their rows.jsonl) question by question.
@@ -241,9 +241,10 @@ def compare_cmd(run_a: str, run_b: str, resamples: int, seed: int, flips: int, a
               help="How much worse a metric may be without a significant interval (absolute); repeatable. "
               "[default: 0.02 for every metric]")
 @click.option("--metrics", "-m", help="Comma-separated metrics to gate. [default: the quality metrics]")
-@click.option("--resamples", type=click.IntRange(1000), default=2000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--resamples", type=click.IntRange(1000), default=2000, show_default=True,
+              help="Paired bootstrap resamples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
 def gate_cmd(baseline: str, run: str, tolerances: tuple[str, ...], metrics: str | None, resamples: int, seed: int,
              as_json: bool) -> None:
