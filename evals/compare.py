@@ -181,22 +181,22 @@ def gate(baseline: Sequence[Mapping[str, Any]], run: Sequence[Mapping[str, Any]]
     return {"passed": not failures, "failures": failures, **report}
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.1f}" if abs(x) >= 100 else f"{x:.4f}"
+def _fmt(x: float, sign: str = "") -> str:
+    return f"{x:{sign}.1f}" if abs(x) >= 100 else f"{x:{sign}.4f}"
 
 
 def render_compare(report: Mapping[str, Any], label_a: str = "A", label_b: str = "B", *, flips: int = 10) -> str:
     """The comparison as a table, then the flipped questions with both answers."""
     lines = [f"paired questions: {report['paired']} (only in {label_a}: {report['only_a']}, only in {label_b}: "
              f"{report['only_b']}); paired bootstrap, {report['resamples']} resamples, seed {report['seed']}",
-             f"{'metric':<20}{label_a[:12]:>12}{label_b[:12]:>12}{'delta':>11}  {'95% CI':<22}", ]
+             f"{'metric':<20}{label_a[:12]:>12}{label_b[:12]:>12}{'delta':>12}  {'95% CI':<24}", ]
     for row in report["metrics"]:
         mark = ""
         if row["significant"]:
             mark = "  * better" if row["better"] else "  * worse"
         ci = f"[{_fmt(row['ci'][0])}, {_fmt(row['ci'][1])}]"
-        lines.append(f"{row['metric']:<20}{_fmt(row['a']):>12}{_fmt(row['b']):>12}{row['delta']:>+11.4f}  "
-                     f"{ci:<22}{mark}")
+        lines.append(f"{row['metric']:<20}{_fmt(row['a']):>12}{_fmt(row['b']):>12}{_fmt(row['delta'], '+'):>12}  "
+                     f"{ci:<24}{mark}")
     lines.append("* the interval excludes 0")
     flipped = report.get("flips") or []
     if flipped:
