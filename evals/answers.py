@@ -401,7 +401,9 @@ async def _one(answerer: Any, retriever: _EvalRetriever, item: QAItem, kind: str
     row: dict[str, Any] = {
         "qid": item.qid, "pass": kind, "lang": item.lang, "question": item.question, "answer": answer,
         "gold": list(item.answers) or [list(p) for p in item.parts or ()],
-        "citations": [{"label": n, "doc": d} for n, (d, _) in cited.items()],
+        "citations": [{"label": c.label, "doc": doc_of.get(c.doc_id, c.doc_id), "inferred": c.inferred}
+                      for c in (done.citations if done is not None else ())],
+        "attribution": dict(getattr(done, "attribution", None) or {}),
         "retrieved": [[h.chunk_id, dataset_doc[h.chunk_id]] for h in retriever.hits],
         "packed": [c.chunk_id for c in sources],
         "timings": timings, "usage": usage,
@@ -416,6 +418,7 @@ async def _one(answerer: Any, retriever: _EvalRetriever, item: QAItem, kind: str
         golds = list(item.answers) or [g for p in item.parts or () for g in p]
         metrics = {**answer_scores(answer, item.answers, item.lang, item.parts),
                    **citation_scores(answer, cited, set(item.gold_docs), golds, item.lang),
+                   "explicit_compliance": float(any(not c["inferred"] for c in row["citations"])),
                    "abstained": float(abstained(answer)), **_retrieval_scores(row, item.gold_docs, dataset_doc)}
     metrics.update(_speed(timings, usage))
     row["metrics"] = metrics

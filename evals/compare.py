@@ -49,7 +49,8 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("em", "em"), Metric("f1", "f1"), Metric("contains_gold", "contains_gold"),
     Metric("bleu4", "bleu4"), Metric("rouge_l", "rouge_l"),
-    Metric("compliance", "compliance"), Metric("citation_accuracy", "citation_accuracy"),
+    Metric("compliance", "compliance"), Metric("explicit_compliance", "explicit_compliance", gated=False),
+    Metric("citation_accuracy", "citation_accuracy"),
     Metric("citation_precision", "citation_precision", gated=False), Metric("support", "support"),
     Metric("unlabelled", "unlabelled", higher_is_better=False, gated=False),
     Metric("abstained", "abstained", higher_is_better=False, gated=False),

@@ -15,7 +15,9 @@ gold alternatives:
 
 Citation metrics (see :func:`citation_scores`):
 
-- *compliance*: the answer cites at least one label that was in its context;
+- *compliance*: the answer cites at least one label that was in its context (written by the
+  model, or inferred by :mod:`rag.attribution`; *explicit compliance*, recorded by the runner,
+  counts the model's own labels only);
 - *citation accuracy*: one of its cited chunks holds a gold answer or belongs to a gold
   document (0 when it cites nothing);
 - *citation precision*: the share of its cited chunks that do (undefined without citations);

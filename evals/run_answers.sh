@@ -26,11 +26,11 @@ declare -A RUNS=(
   [xquad-zh-extractive]="$XQ_ZH 150 150 RAG_GENERATOR__BACKEND=extractive RAG_EMBEDDER__BACKEND=use"
   [rgb-zh-extractive]="$RGB 100 100 RAG_GENERATOR__BACKEND=extractive RAG_EMBEDDER__BACKEND=use"
   [xquad-en-qwen]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp"
-  [xquad-zh-qwen]="$XQ_ZH 150 30 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use"
-  [rgb-zh-qwen]="$RGB 100 20 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use"
-  [xquad-en-gemma]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m"
-  [xquad-zh-gemma]="$XQ_ZH 150 30 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use"
-  [rgb-zh-gemma]="$RGB 100 20 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use"
+  [xquad-zh-qwen]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use"
+  [rgb-zh-qwen]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use"
+  [xquad-en-gemma]="$XQ_EN 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m"
+  [xquad-zh-gemma]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use"
+  [rgb-zh-gemma]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use"
 )
 ORDER=(xquad-en-extractive xquad-zh-extractive rgb-zh-extractive xquad-en-qwen xquad-zh-qwen rgb-zh-qwen
        xquad-en-gemma xquad-zh-gemma rgb-zh-gemma)

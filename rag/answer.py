@@ -41,7 +41,8 @@ from rag.errors import BackendError, GeneratorError
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
-from rag.prompts import CitationStream, PromptExample, build_prompt, question_lang
+from rag.attribution import Attributor
+from rag.prompts import UNKNOWN, CitationStream, PromptExample, build_prompt, question_lang
 from rag.retrieval import HybridRetriever
 from rag.sampling import SamplingPolicy
 from rag.types import Answer, Citation, Filters, GenerationParams, Generator, Prompt
@@ -69,6 +70,7 @@ class AnswerEvent:
     error: str | None = None
     cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
     screening: Screening | None = None  # on ``done``: the question's verdict, passages excluded or quoted
+    attribution: dict[str, int] = field(default_factory=dict)  # on ``done``: sentences labelled by inference, unsupported
 
 
 class Answerer:
@@ -209,7 +211,7 @@ class Answerer:
         timings["pack_ms"] = (time.perf_counter() - started) * 1000 - timings["retrieve_ms"]
         yield AnswerEvent("sources", citations=tuple(packed.citations.values()), degraded=degraded)
 
-        cites = CitationStream(packed.citations)
+        cites, infer = CitationStream(packed.citations), self._attributor(packed)
         gen_started = time.perf_counter()
         first = True
         final = None
@@ -229,7 +231,7 @@ class Answerer:
                                 generator.name, exc)
                     generator, degraded = self.fallback, True
                     packed, prompt = self._prompt(generator, question, hits, history, params)
-                    cites = CitationStream(packed.citations)
+                    cites, infer = CitationStream(packed.citations), self._attributor(packed)
                     stream = generator.stream(prompt, params)
                     continue
                 if first and delta.text:
@@ -237,6 +239,8 @@ class Answerer:
                     first = False
                 if delta.text:
                     text = cites.feed(delta.text)
+                    if infer is not None:
+                        text = infer.feed(text)
                     if text:
                         yield AnswerEvent("delta", text=text)
                 if delta.finish_reason is not None:
@@ -244,13 +248,24 @@ class Answerer:
         finally:
             await stream.aclose()
         tail = cites.flush()
+        if infer is not None:
+            tail = infer.feed(tail) + infer.flush()
         if tail:
             yield AnswerEvent("delta", text=tail)
         usage = {"prompt_tokens": (final.prompt_tokens if final else None) or 0,
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
-        yield AnswerEvent("done", citations=tuple(cites.cited),
+        yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
-                          timings=_finish(timings, started, gen_started), degraded=degraded, screening=screening)
+                          timings=_finish(timings, started, gen_started), degraded=degraded, screening=screening,
+                          attribution=_counts(infer))
+
+    def _attributor(self, packed: PackedContext) -> Attributor | None:
+        """Labels for the sentences the model leaves unlabelled (``citations.infer``)."""
+        cfg = self.services.settings.citations
+        if not cfg.infer:
+            return None
+        return Attributor({p.label: p.chunk.text for p in packed.passages}, min_support=cfg.min_support,
+                          skip=UNKNOWN.values())
 
     def _prompt(self, generator: Generator, question: str, hits: list, history: Sequence[Mapping[str, str]],
                 params: GenerationParams) -> tuple[PackedContext, Prompt]:
@@ -265,6 +280,23 @@ class Answerer:
         packed = ContextPacker(generator.count_tokens, budget, max_chunks=retrieval.max_context_chunks).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
         return packed, prompt
+
+
+def _with_inferred(cited: Sequence[Citation], infer: Attributor | None,
+                   packed: PackedContext) -> tuple[Citation, ...]:
+    """The model's citations, then those only inferred (``inferred=True``), each label once."""
+    out = list(cited)
+    if infer is not None:
+        have = {c.label for c in out}
+        out += [replace(packed.citations[n], inferred=True) for n in infer.inferred
+                if n not in have and n in packed.citations]
+    return tuple(out)
+
+
+def _counts(infer: Attributor | None) -> dict[str, int]:
+    if infer is None:
+        return {}
+    return {"inferred": infer.attributed, "unsupported": infer.unsupported}
 
 
 def _replay(lookup: Lookup, started: float) -> list[AnswerEvent]:

@@ -310,6 +310,7 @@ def config_fingerprint(settings: Settings, salt: str = "") -> str:
         "generator": settings.generator.model_dump(mode="json", exclude={"api_key", "timeout_s", "connect_retries"}),
         "sampling": settings.sampling.model_dump(mode="json"),
         "prompt": settings.prompt.model_dump(mode="json"),
+        "citations": settings.citations.model_dump(mode="json"),
         "injection": settings.injection.model_dump(mode="json"),
         "embedder": settings.embedder.model_dump(mode="json", include={"backend", "model", "dim"}),
         "lexical": settings.lexical.model_dump(mode="json", include={"backend", "url", "index"}),

@@ -241,6 +241,15 @@ class PromptSettings(BaseModel):
         "stands for that language's \"I don't know\" sentence. Measure a change with ragqa eval answers.")
 
 
+class CitationSettings(BaseModel):
+    """Citations the model did not write: each unlabelled sentence gets its best-supporting passage."""
+
+    infer: bool = Field(default=True, description="Label an unlabelled sentence with the packed passage holding "
+                        "most of its content words (marked inferred in the API).")
+    min_support: float = Field(default=0.5, gt=0, le=1, description="Least share of a sentence's content words "
+                               "the passage must hold; below it the sentence stays unlabelled.")
+
+
 class EvalSettings(BaseModel):
     """The answer evaluation's experiment tracking (ragqa eval answers)."""
 
@@ -411,6 +420,7 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     injection: InjectionSettings = Field(default_factory=InjectionSettings)
+    citations: CitationSettings = Field(default_factory=CitationSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @classmethod

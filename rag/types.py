@@ -168,6 +168,7 @@ class Citation:
     url: str
     modified: datetime | None = None
     snippet: str = ""
+    inferred: bool = False  # the model did not write this label: a sentence's best-supporting passage
 
 
 @dataclass(frozen=True, slots=True)

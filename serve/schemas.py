@@ -168,11 +168,13 @@ class CitationOut(BaseModel):
     url: str
     modified: datetime | None = None
     snippet: str = ""
+    inferred: bool = Field(default=False, description="The model did not write this label: ragqa added it after "
+                           "a sentence that this passage supports (citations.infer).")
 
     @classmethod
     def of(cls, c: Citation) -> CitationOut:
         return cls(label=c.label, chunk_id=c.chunk_id, doc_id=c.doc_id, title=c.title, url=c.url,
-                   modified=c.modified, snippet=c.snippet)
+                   modified=c.modified, snippet=c.snippet, inferred=c.inferred)
 
 
 class Usage(BaseModel):

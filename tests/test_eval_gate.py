@@ -105,4 +105,4 @@ def test_a_prompt_without_the_citation_rule_fails_the_gate(data_dir: Path, tmp_p
     gated = CliRunner().invoke(cli, ["eval", "gate", "--baseline", str(BASELINES / "xquad-en-qwen-small"),
                                      str(tmp_path / "nocite")])
     assert gated.exit_code == 1, gated.output
-    assert "compliance: 0.3750 -> 0.0000" in gated.output
+    assert "compliance: 0.3750 -> 0.0000" in gated.output  # citations.infer is off in qwen-small.yaml

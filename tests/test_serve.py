@@ -129,6 +129,7 @@ def test_openai_client_gets_a_completion_with_citations(client):
     citations = choice.message.citations  # the extension field
     assert citations[0]["label"] == 1 and citations[0]["doc_id"] == "alpha:d03.md"
     assert citations[0]["url"].endswith("d03.md") and citations[0]["title"] == doc_text(3)[0]
+    assert citations[0]["inferred"] is False  # the extractive answer labels every sentence itself
     assert res.usage.completion_tokens > 0
     assert res.usage.total_tokens == res.usage.prompt_tokens + res.usage.completion_tokens
 

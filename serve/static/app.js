@@ -183,6 +183,10 @@
       a.href = `#${turn.id}-source-${m[1]}`;
       a.textContent = m[0];
       a.title = `Source ${m[1]}`;
+      if (turn.inferred && turn.inferred.has(Number(m[1]))) {
+        a.classList.add("inferred");
+        a.title += " (inferred: the model did not cite it)";
+      }
       parts.push(a);
       last = m.index + m[0].length;
     }
@@ -215,6 +219,15 @@
         head.rel = "noopener noreferrer";
       }
       li.append(head);
+      if (c.inferred) {
+        // ragqa added this label after a sentence the passage supports; the model did not cite it
+        li.classList.add("inferred");
+        const mark = document.createElement("span");
+        mark.className = "inferred-mark";
+        mark.textContent = "inferred";
+        mark.title = "The model did not cite this source; it supports a sentence of the answer.";
+        li.append(" ", mark);
+      }
       if (c.url && c.url !== title) {
         const url = document.createElement("span");
         url.className = "source-url";
@@ -268,6 +281,8 @@
       renderAnswer(turn);
     } else if (ev.event === "done") {
       renderCitations(turn, data.citations || []);
+      turn.inferred = new Set((data.citations || []).filter((c) => c.inferred).map((c) => c.label));
+      if (turn.inferred.size) renderAnswer(turn);
       const seconds = data.timings && data.timings.total_ms ? ` in ${(data.timings.total_ms / 1000).toFixed(1)} s` : "";
       const note = data.degraded ? " The model was unavailable: this answer quotes the sources directly." : "";
       setState(turn, "done", `Answered${seconds}.${note}`);
