@@ -133,10 +133,11 @@ def test_close_aborts_the_running_and_the_waiting_stream() -> None:
     async def scenario() -> tuple[list[GenerationDelta], list[GenerationDelta]]:
         await generator.start()
         running = generator.stream(completion("Once upon a time"), params)
-        waiting = asyncio.ensure_future(collect(generator, completion("Long ago"), params))
-        async for delta in running:
+        async for delta in running:  # generating: it holds the model before the other one asks
             if delta.text:
                 break
+        waiting = asyncio.ensure_future(collect(generator, completion("Long ago"), params))
+        await asyncio.sleep(0.2)  # the second stream tokenizes, then waits for the model
         await asyncio.wait_for(generator.close(), 10)
         return [d async for d in running], await asyncio.wait_for(waiting, 10)
 
