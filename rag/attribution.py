@@ -60,7 +60,8 @@ class Attributor:
         out: list[str] = []
         for ch in text:
             if self._ended:
-                if _TAIL.fullmatch(self._tail + ch):
+                line_start = "\n" in self._tail and ch in "[【"  # "[2] ..." on a new line opens the next sentence
+                if not line_start and _TAIL.fullmatch(self._tail + ch):
                     self._tail += ch
                     continue
                 if not self._tail and not ch.isspace() and (self._sentence[-1] in ".!?" or ch in _CLOSERS):

@@ -45,6 +45,12 @@ def test_the_unknown_reply_is_never_labelled_and_a_line_break_ends_a_sentence() 
     assert text == "Harrods gave the collection [2]\n\nThe Panthers gave up 308 points [1]"
 
 
+def test_a_label_at_the_start_of_a_line_belongs_to_the_line() -> None:
+    text, a = attribute("Two passages say how:\n\n", "[2]: Harrods gave the collection.\n", "The Panthers gave up 308 points.")
+    assert text == "Two passages say how:\n\n[2]: Harrods gave the collection.\nThe Panthers gave up 308 points. [1]"
+    assert a.inferred == [1] and a.unsupported == 1  # "Two passages say how" is supported by neither
+
+
 def test_a_weak_overlap_is_not_enough() -> None:
     # content words: panthers, lost, game, tuesday, night -> passage 1 holds 1 of 5 (0.2)
     text, a = attribute("The Panthers lost the game on Tuesday night.")
