@@ -49,8 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from evals.qa_metrics import abstained, answer_scores, citation_scores
-from evals.retrieval import Corpus, load_qrels
+from evals.retrieval import Corpus, load_corpus, load_qrels, read_jsonl
 from rag.config import Settings
 from rag.errors import ConfigError
 from rag.prompts import question_lang
@@ -105,14 +107,9 @@ def load_qa(folder: str | Path, queries_file: str | Path | None = None,
     if not queries_path.is_file():
         raise ConfigError(f"queries file not found: {queries_path}")
     qrels = load_qrels(qrels_path) if qrels_path.is_file() else {}
-    corpus: Corpus | None = None
-    if not live:
-        corpus = {}
-        for row in _jsonl(root / "corpus.jsonl"):
-            corpus[str(row["id"])] = {"title": str(row.get("title") or ""), "text": str(row.get("text") or ""),
-                                      "lang": str(row.get("lang") or "")}
+    corpus = None if live else load_corpus(root / "corpus.jsonl")
     items = []
-    for row in _jsonl(queries_path):
+    for row in read_jsonl(queries_path):
         parts = row.get("answer_parts")
         answers = [str(a) for a in row.get("answers") or ()]
         if not answers and not parts:
@@ -134,11 +131,6 @@ def sample(items: Sequence[QAItem], limit: int | None, seed: int) -> list[QAItem
         return list(items)
     chosen = set(random.Random(seed).sample(range(len(items)), limit))
     return [item for i, item in enumerate(items) if i in chosen]
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def _fingerprint(value: Any) -> str:
@@ -276,14 +268,14 @@ def _prepare_index(base: Settings, ds: _Dataset, home: Path, progress: bool) -> 
         return settings, saved.pop("doc_of"), {**saved, "reused": True}
     if folder.exists():  # an ingest that did not finish
         shutil.rmtree(folder)
-    from evals.retrieval import _ingest
+    from evals.retrieval import ingest_corpus
     from rag.services import Services
 
     log.info("ingesting %s (%d documents) into %s", ds.name, len(ds.corpus or {}), folder)
     services = Services(settings.model_copy(update={"embedder": settings.embedder.model_copy(
         update={"progress": progress})}))
     try:
-        report = _ingest(services, ds.corpus or {}, folder / "docs")
+        report = ingest_corpus(services, ds.corpus or {}, folder / "docs")
     finally:
         services.close()
     manifest.write_text(json.dumps(report) + "\n", encoding="utf-8")
@@ -312,11 +304,12 @@ def _index_snapshot(settings: Settings) -> dict[str, Any]:
 
 def _model_info(settings: Settings) -> dict[str, Any]:
     gen = settings.generator
-    model = gen.model or ("qwen2.5-coder-1.5b-instruct" if gen.backend == "llamacpp" else None)
-    quant = gen.quantization
-    if quant is None and gen.backend == "llamacpp":
-        from rag.generators.gguf_models import PACKAGED_MODELS
+    model, quant = gen.model, gen.quantization
+    if gen.backend == "llamacpp":
+        from rag.generators.gguf_models import DEFAULT_MODEL, PACKAGED_MODELS
 
+        model = model or DEFAULT_MODEL
+    if quant is None and gen.backend == "llamacpp":
         file = PACKAGED_MODELS[model].filename if model in PACKAGED_MODELS else str(model)
         found = re.search(r"(?i)(iq\d_\w+|q\d_k_[sml]|q\d_k|q\d_\d|bf16|f16|f32)", file)
         quant = found.group(1).upper() if found else None
@@ -449,14 +442,6 @@ def _speed(timings: Mapping[str, float], usage: Mapping[str, int]) -> dict[str, 
     return out
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 SPEED = (*LATENCIES, "tokens_per_s", "prompt_tokens", "completion_tokens")
 
 
@@ -474,7 +459,8 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for key in SPEED:
         xs = [float(r["metrics"][key]) for r in answer if r["metrics"].get(key) is not None]
         if xs:
-            latency[key] = {"p50": round(_percentile(xs, 0.5), 2), "p99": round(_percentile(xs, 0.99), 2),
+            p50, p99 = np.percentile(xs, [50, 99])  # linear interpolation between the closest ranks
+            latency[key] = {"p50": round(float(p50), 2), "p99": round(float(p99), 2),
                             "mean": round(statistics.fmean(xs), 2)}
     cache: dict[str, int] = {}
     for r in answer:

@@ -47,8 +47,8 @@ from rag.errors import ConfigError
 from rag.retrieval import MODES, HybridRetriever
 from rag.services import Services
 
-__all__ = ["DOC_DEPTH", "METRICS", "Variant", "build_variants", "load_beir", "load_qrels", "load_queries",
-           "parse_variant", "parse_weights", "run_retrieval_eval"]
+__all__ = ["DOC_DEPTH", "METRICS", "Variant", "build_variants", "ingest_corpus", "load_beir", "load_corpus",
+           "load_qrels", "load_queries", "parse_variant", "parse_weights", "read_jsonl", "run_retrieval_eval"]
 
 DOC_DEPTH = 100  # documents kept per query, the deepest cut-off measured
 SOURCE = "beir"
@@ -187,19 +187,21 @@ def load_beir(folder: str | Path, queries: str | Path | None = None,
     for name, other in needed:
         if other is None and not (root / name).is_file():
             raise ConfigError(f"{root} is not a BEIR-style dataset: {name} is missing")
-    corpus: Corpus = {}
-    for row in _jsonl(root / "corpus.jsonl"):
-        corpus[str(row["id"])] = {"title": str(row.get("title") or ""), "text": str(row.get("text") or ""),
-                                  "lang": str(row.get("lang") or "")}
-    return (corpus, load_queries(queries if queries is not None else root / "queries.jsonl"),
+    return (load_corpus(root / "corpus.jsonl"), load_queries(queries if queries is not None else root / "queries.jsonl"),
             load_qrels(qrels if qrels is not None else root / "qrels.tsv"))
+
+
+def load_corpus(path: str | Path) -> Corpus:
+    """A ``corpus.jsonl`` as ``{doc_id: {"title", "text", "lang"}}``."""
+    return {str(row["id"]): {"title": str(row.get("title") or ""), "text": str(row.get("text") or ""),
+                             "lang": str(row.get("lang") or "")} for row in read_jsonl(Path(path))}
 
 
 def load_queries(path: str | Path) -> dict[str, str]:
     """A ``queries.jsonl`` (``id``, ``text``) as ``{query_id: text}``."""
     if not Path(path).is_file():
         raise ConfigError(f"queries file not found: {path}")
-    return {str(row["id"]): str(row["text"]) for row in _jsonl(Path(path))}
+    return {str(row["id"]): str(row["text"]) for row in read_jsonl(Path(path))}
 
 
 def load_qrels(path: str | Path) -> Qrels:
@@ -217,7 +219,7 @@ def load_qrels(path: str | Path) -> Qrels:
     return qrels
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
@@ -286,7 +288,7 @@ def run_retrieval_eval(folder: str | Path, modes: Sequence[str] = MODES,
         settings = Settings.load(config_file, **{**dict(settings_overrides or {}), "data_dir": data})
         services = Services(settings)
         try:
-            ingest = _ingest(services, corpus, Path(tmp) / "docs")
+            ingest = ingest_corpus(services, corpus, Path(tmp) / "docs")
             doc_of = ingest.pop("doc_of")
             report: dict[str, Any] = {
                 "dataset": str(folder), "queries": len(qids), "docs": len(corpus),
@@ -315,7 +317,7 @@ def run_retrieval_eval(folder: str | Path, modes: Sequence[str] = MODES,
     return report
 
 
-def _ingest(services: Services, corpus: Corpus, folder: Path) -> dict[str, Any]:
+def ingest_corpus(services: Services, corpus: Corpus, folder: Path) -> dict[str, Any]:
     """Write each document as a Markdown file and index the folder as one source."""
     from ingest.pipeline import reindex
 
