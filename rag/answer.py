@@ -274,9 +274,9 @@ class Answerer:
         bare = build_prompt(question, empty, lang=question_lang(question), history=history,
                             examples=self.examples, instructions=self.system)
         overhead = generator.count_tokens("\n".join(m["content"] for m in bare.messages))
-        budget = context_budget(generator.context_window, self.services.settings.retrieval.max_context_tokens,
-                                overhead + params.max_tokens + HEADROOM_TOKENS)
         retrieval = self.services.settings.retrieval
+        budget = context_budget(generator.context_window, retrieval.max_context_tokens,
+                                overhead + params.max_tokens + HEADROOM_TOKENS)
         packed = ContextPacker(generator.count_tokens, budget, max_chunks=retrieval.max_context_chunks).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
         return packed, prompt

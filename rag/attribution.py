@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from rag.support import LABEL, SUPPORTED, content_words, support_score
+from rag.support import LABEL, SUPPORTED, content_words, support_share, text_words
 
 __all__ = ["Attributor"]
 
@@ -46,7 +46,7 @@ class Attributor:
 
     def __init__(self, passages: Mapping[int, str], *, min_support: float = SUPPORTED,
                  skip: Iterable[str] = ()) -> None:
-        self.passages = dict(passages)
+        self._words = {label: text_words(text) for label, text in sorted(passages.items())}  # once, not per sentence
         self.min_support = min_support
         self.skip = tuple(s for s in skip if s)
         self.inferred: list[int] = []
@@ -86,10 +86,10 @@ class Attributor:
     def _close(self) -> str:
         sentence = self._sentence
         tail = self._take_tail()
-        if LABEL.search(sentence) or LABEL.search(tail) or not content_words(sentence) \
-                or any(s in sentence for s in self.skip):
+        wanted = content_words(sentence)
+        if LABEL.search(sentence) or LABEL.search(tail) or not wanted or any(s in sentence for s in self.skip):
             return tail
-        label = self._best(sentence)
+        label = self._best(wanted)
         if label is None:
             self.unsupported += 1
             return tail
@@ -99,10 +99,10 @@ class Attributor:
         cjk = sentence.rstrip()[-1:] in _CJK_ENDS
         return ("" if cjk else " ") + f"[{label}]" + tail
 
-    def _best(self, sentence: str) -> int | None:
+    def _best(self, wanted: set[str]) -> int | None:
         best, best_score = None, 0.0
-        for label in sorted(self.passages):
-            score = support_score(sentence, self.passages[label])
+        for label, have in self._words.items():  # in label order: ties go to the better-ranked passage
+            score = support_share(wanted, have)
             if score > best_score:
                 best, best_score = label, score
         return best if best is not None and best_score >= self.min_support else None

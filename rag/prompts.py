@@ -57,7 +57,6 @@ SYSTEM = {
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
-_LABELS = LABEL  # [1], [1, 2], [1][2], 【1】
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +120,7 @@ def cite(text: str, citations: Mapping[int, Citation]) -> tuple[str, list[Citati
             used.setdefault(n, citations[n])
         return "".join(f"[{n}]" for n in good) or "\x00"
 
-    cleaned = _LABELS.sub(keep, text)
+    cleaned = LABEL.sub(keep, text)
     cleaned = re.sub(r"[ \t]*\x00", "", cleaned)  # "word [9]." -> "word."
     return cleaned, list(used.values())
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["LABEL", "STOPWORDS", "SUPPORTED", "content_words", "labels_of", "split_sentences",
-           "strip_labels", "support_score"]
+           "strip_labels", "support_score", "support_share", "text_words"]
 
 SUPPORTED = 0.5
 """Least share of a sentence's content words a passage must hold to support it."""
@@ -56,11 +56,15 @@ def labels_of(text: str) -> list[int]:
     return out
 
 
+def text_words(text: str) -> set[str]:
+    """The lower-cased words and CJK characters of ``text`` (what a passage offers as support)."""
+    lowered = text.lower()
+    return set(_WORD.findall(_CJK.sub(" ", lowered))) | set(_CJK.findall(lowered))
+
+
 def content_words(text: str) -> set[str]:
     """The key content of ``text``: its words and CJK characters, less labels and stopwords."""
-    lowered = strip_labels(text).lower()
-    found = set(_WORD.findall(_CJK.sub(" ", lowered))) | set(_CJK.findall(lowered))
-    return found - STOPWORDS
+    return text_words(strip_labels(text)) - STOPWORDS
 
 
 def split_sentences(text: str) -> list[str]:
@@ -91,11 +95,11 @@ def _add(out: list[str], piece: str) -> None:
         out.append(piece)
 
 
+def support_share(wanted: set[str], have: set[str]) -> float:
+    """The share of the content words ``wanted`` found in ``have`` (1.0 when none are wanted)."""
+    return len(wanted & have) / len(wanted) if wanted else 1.0
+
+
 def support_score(sentence: str, passage: str) -> float:
     """The share of ``sentence``'s content words that ``passage`` holds (1.0 when it has none)."""
-    wanted = content_words(sentence)
-    if not wanted:
-        return 1.0
-    lowered = passage.lower()
-    have = set(_WORD.findall(_CJK.sub(" ", lowered))) | set(_CJK.findall(lowered))
-    return len(wanted & have) / len(wanted)
+    return support_share(content_words(sentence), text_words(passage))

@@ -28,15 +28,19 @@ class Context:
             from rag.logs import setup_logging
             from rag.services import Services
 
-            overrides: dict[str, Any] = {}
-            if self.data_dir:
-                overrides["data_dir"] = self.data_dir
-            if self.log_json:
-                overrides["log_json"] = True
-            settings = Settings.load(self.config, **overrides)
+            settings = Settings.load(self.config, **self.overrides())
             setup_logging(json_logs=settings.log_json, verbose=self.verbose)
             self._services = Services(settings)
         return self._services
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings the global options give: ``--data-dir`` and ``--log-json``."""
+        out: dict[str, Any] = {}
+        if self.data_dir:
+            out["data_dir"] = self.data_dir
+        if self.log_json:
+            out["log_json"] = True
+        return out
 
     def close(self) -> None:
         if self._services is not None:

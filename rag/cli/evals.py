@@ -178,12 +178,7 @@ def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: s
     from rag.logs import setup_logging
 
     setup_logging(json_logs=obj.log_json, verbose=obj.verbose)
-    overrides: dict[str, Any] = {}
-    if obj.data_dir:
-        overrides["data_dir"] = obj.data_dir
-    if obj.log_json:
-        overrides["log_json"] = True
-    summary = run_answer_eval(dataset_dir, config_file=obj.config, overrides=overrides, limit=limit, seed=seed,
+    summary = run_answer_eval(dataset_dir, config_file=obj.config, overrides=obj.overrides(), limit=limit, seed=seed,
                               out=out, abstain_limit=abstain_limit, queries_file=queries_file,
                               qrels_file=qrels_file, fresh=fresh, tracking=not no_tracking, name=name)
     emit(summary, as_json, _answers_table)
