@@ -31,6 +31,7 @@ __all__ = [
     "Citation",
     "Answer",
     "GenerationParams",
+    "Warmable",
     "GenerationDelta",
     "Passage",
     "Prompt",
@@ -342,6 +343,14 @@ class Generator(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Warmable(Protocol):
+    """A generator that can read a prompt's static head (the system message) ahead of time, so
+    that requests starting with it read only what follows (the llamacpp generator)."""
+
+    async def warm(self, prompt: Prompt) -> None: ...
 
 
 @runtime_checkable

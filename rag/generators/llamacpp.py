@@ -18,6 +18,19 @@ tokens for the final delta and ends generation within one token of an abort (clo
 stream, or ``close()``). The prompt's prefill itself cannot be interrupted: an abort during a
 long prefill takes effect when it ends.
 
+Reuse of work already done: llama.cpp keeps the previous prompt's KV cache and reads only
+the tokens after the longest prefix a new prompt shares with it. The static head of every
+prompt is the system message (rules and few-shot examples, the same for every question of a
+language), so with ``prefix_cache`` on the generator keeps the model's state right after each
+system message it has seen (a few MB each, the last :data:`PREFIX_STATES`) and restores it
+when a prompt starts with that message but the KV cache holds another one, for example after
+a question in the other language. :meth:`LlamaCppGenerator.warm` reads a system message ahead
+of the first question (the service warms both languages at start).
+
+Speed settings (``generator.*``, measured in ``bench/RESULTS-llamacpp.md``): ``threads``,
+``batch_size`` (prompt tokens per batch), ``flash_attn`` and ``prompt_lookup`` (prompt-lookup
+decoding: draft tokens copied from the prompt and checked in one batch).
+
 Concurrency: a ``Llama`` holds one KV cache, so one instance serves one generation at a time.
 ``stream`` may be called concurrently; the requests queue on a lock in their worker threads,
 never in the event loop. ``count_tokens`` only reads the vocabulary and does not wait.
@@ -34,9 +47,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +69,10 @@ __all__ = ["DEFAULT_CONTEXT", "LlamaCppGenerator"]
 
 DEFAULT_CONTEXT = 8192
 """Context window when ``max_model_len`` is unset (the models allow 32K; the KV cache grows with it)."""
+PREFIX_STATES = 8
+"""System-message states kept by ``prefix_cache`` (least recently used go first)."""
+MIN_PREFIX = 16
+"""A shorter static head is not worth a saved state."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[^/]+\.gguf)?$")
 _INSTALL = "pip install 'ragqa[llamacpp]'"
@@ -67,9 +86,16 @@ def _is_hub_id(model: str) -> bool:
 class LlamaCppGenerator:
     """A ``rag.types.Generator`` running a GGUF model in this process with llama.cpp."""
 
-    def __init__(self, model: str | None = None, *, n_ctx: int | None = None, threads: int | None = None) -> None:
+    def __init__(self, model: str | None = None, *, n_ctx: int | None = None, threads: int | None = None,
+                 batch_size: int | None = None, flash_attn: bool = True, prompt_lookup: int = 0,
+                 prefix_cache: bool = True) -> None:
         self.model = model
         self.threads = threads or len(os.sched_getaffinity(0))
+        self.batch_size = batch_size
+        self.flash_attn = flash_attn
+        self.prompt_lookup = prompt_lookup
+        self.prefix_cache = prefix_cache
+        self._prefixes: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self.context_window = n_ctx or DEFAULT_CONTEXT
         label = model or DEFAULT_MODEL
         self.name = f"llamacpp/{Path(label).stem if label.endswith('.gguf') else label}"
@@ -80,8 +106,10 @@ class LlamaCppGenerator:
 
     @classmethod
     def from_settings(cls, settings: GeneratorSettings) -> LlamaCppGenerator:
-        """Build from ``generator`` settings (``model``, ``max_model_len``, ``threads``)."""
-        return cls(settings.model, n_ctx=settings.max_model_len, threads=settings.threads)
+        """Build from ``generator`` settings (``model``, ``max_model_len`` and the llamacpp speed settings)."""
+        return cls(settings.model, n_ctx=settings.max_model_len, threads=settings.threads,
+                   batch_size=settings.batch_size, flash_attn=settings.flash_attn,
+                   prompt_lookup=settings.prompt_lookup, prefix_cache=settings.prefix_cache)
 
     @property
     def chat(self) -> bool:
@@ -103,8 +131,14 @@ class LlamaCppGenerator:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
         except ImportError as exc:
             raise ConfigError(f"the llamacpp generator needs llama-cpp-python: {_INSTALL}") from exc
-        kwargs = {"n_ctx": self.context_window, "n_threads": self.threads, "n_threads_batch": self.threads,
-                  "verbose": False}
+        kwargs: dict[str, Any] = {"n_ctx": self.context_window, "n_threads": self.threads,
+                                  "n_threads_batch": self.threads, "flash_attn": self.flash_attn, "verbose": False}
+        if self.batch_size:
+            kwargs.update(n_batch=self.batch_size, n_ubatch=self.batch_size)
+        if self.prompt_lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            kwargs["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=self.prompt_lookup)
         path = self._local_path()
         try:
             if path is not None:
@@ -163,24 +197,90 @@ class LlamaCppGenerator:
         """Tokens ``text`` takes in this model, without BOS (needs ``start()``)."""
         return len(self._require().tokenize(text.encode("utf-8"), add_bos=False))
 
-    def _tokens(self, llm: Any, prompt: Prompt, params: GenerationParams) -> tuple[list[int], list[str]]:
-        """The prompt's token ids and all stop strings."""
+    def _tokens(self, llm: Any, prompt: Prompt, params: GenerationParams) -> tuple[list[int], list[str], int]:
+        """The prompt's token ids, all stop strings, and how many ids the static head takes."""
         stop = list(dict.fromkeys([*params.stop, *prompt.stop]))
         if self._formatter is not None:
             rendered = self._formatter(messages=[dict(m) for m in prompt.messages])
-            ids = llm.tokenize(rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True)
+            text, bos, special = rendered.prompt, not rendered.added_special, True
             stop += [s for s in ([rendered.stop] if isinstance(rendered.stop, str) else rendered.stop or []) if s]
         else:
             if not prompt.completion:
                 raise GeneratorError("this model has no chat template and the prompt has no completion text")
             # special=False: passage text can never smuggle in control tokens
-            ids = llm.tokenize(prompt.completion.encode("utf-8"), add_bos=True, special=False)
-        return ids, stop
+            text, bos, special = prompt.completion, True, False
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=bos, special=special)
+        return ids, stop, self._static_head(llm, prompt, text, ids, bos, special)
+
+    @staticmethod
+    def _static_head(llm: Any, prompt: Prompt, text: str, ids: list[int], bos: bool, special: bool) -> int:
+        """Tokens of ``ids`` before the first message after the system message (0 if none)."""
+        if len(prompt.messages) < 2 or prompt.messages[0].get("role") != "system":
+            return 0
+        cut = text.find(prompt.messages[1]["content"])
+        if cut <= 0:
+            return 0
+        head = llm.tokenize(text[:cut].encode("utf-8"), add_bos=bos, special=special)
+        n = 0
+        for a, b in zip(head, ids, strict=False):  # a token may merge across the cut: stop before it
+            if a != b:
+                break
+            n += 1
+        return n if n >= MIN_PREFIX else 0
+
+    def _restore_prefix(self, llm: Any, prefix: list[int]) -> None:
+        """Leave ``prefix`` in the KV cache: already there, restored from a saved state, or read
+        now and saved. Called with the lock held, before ``create_completion``."""
+        import llama_cpp
+
+        key = tuple(prefix)
+        n = len(prefix)
+        if llm.n_tokens >= n and list(llm._input_ids[:n]) == prefix:
+            if key in self._prefixes:
+                self._prefixes.move_to_end(key)
+            return
+        ctx = llm._ctx.ctx
+        state = self._prefixes.get(key)
+        if state is not None:
+            llm._ctx.kv_cache_clear()
+            buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+            if llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), 0) == len(state):
+                llm.input_ids[:n] = prefix
+                llm.n_tokens = n
+                llm._requires_eval = True  # the logits are not the prefix's: never sample from them
+                self._prefixes.move_to_end(key)
+                return
+            del self._prefixes[key]  # a state llama.cpp refuses is read again below
+        llm.reset()
+        llm.eval(prefix)
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        if 0 < written <= size:
+            self._prefixes[key] = bytes(buf[:written])
+            while len(self._prefixes) > PREFIX_STATES:
+                self._prefixes.popitem(last=False)
+
+    async def warm(self, prompt: Prompt) -> None:
+        """Read the static head of ``prompt`` (its system message) now, so that the first
+        request that starts with it reads only what follows. A no-op without ``prefix_cache``."""
+        llm = self._require()
+        if not self.prefix_cache:
+            return
+
+        def work() -> None:
+            ids, _stop, n = self._tokens(llm, prompt, GenerationParams())
+            if n:
+                with self._lock:
+                    if self._llm is llm:
+                        self._restore_prefix(llm, ids[:n])
+
+        await asyncio.to_thread(work)
 
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
         """Stream the answer; closing this iterator early aborts the generation (see module doc)."""
         llm = self._require()
-        ids, stop = await asyncio.to_thread(self._tokens, llm, prompt, params)
+        ids, stop, head = await asyncio.to_thread(self._tokens, llm, prompt, params)
         if len(ids) >= self.context_window:
             raise GeneratorError(f"the prompt has {len(ids)} tokens, the context window is {self.context_window}")
         loop = asyncio.get_running_loop()
@@ -207,6 +307,8 @@ class LlamaCppGenerator:
                     return
                 chunks = None
                 try:
+                    if self.prefix_cache and head and not abort.is_set():
+                        self._restore_prefix(llm, ids[:head])
                     chunks = llm.create_completion(
                         ids, stream=True, max_tokens=params.max_tokens, temperature=params.temperature,
                         top_p=params.top_p, repeat_penalty=params.repetition_penalty, stop=stop,
@@ -254,4 +356,5 @@ class LlamaCppGenerator:
 
     def _free(self, llm: Any) -> None:
         with self._lock:
+            self._prefixes.clear()
             llm.close()
