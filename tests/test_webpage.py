@@ -387,6 +387,24 @@ def test_an_answer_streams_in_and_cites_its_sources(browser, site, gen, http):
                              for text, href in t["refs"])
 
 
+def test_the_sources_show_while_the_model_reads_them(browser, site, gen, http):
+    """Retrieval ends before the model's first token: the page lists the sources at once and
+    says that the model is reading them."""
+    url, link, _ = site
+    ref = reference(http, url, question(5))
+    gen.hold_at = 0  # the model has not written a word yet
+    open_page(browser, link.url)
+    ask(browser, question(5))
+    wait(lambda: gen.waiting, "the generation to start", browser)
+    t = wait(lambda: (t := turn(browser)) and t["citations"] and t, "the sources", browser)
+    assert t["state"] == "reading" and t["text"] == "" and t["busy"] == "true"
+    assert re.fullmatch(r"Found \d+ sources?; the model is reading (it|them)…", t["status"]), t["status"]
+    assert [c["label"] for c in t["citations"]] == list(range(1, len(t["citations"]) + 1))
+    gen.gate.set()
+    t = answered(browser)
+    assert t["text"] == ref["text"] and shown(t) == citations_of(ref)
+
+
 def test_the_source_filter_and_the_date_range(browser, site, gen, http):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

@@ -274,9 +274,17 @@
     }
     if (ev.event === "sources") {
       if (data.conversation_id) conversationId = data.conversation_id;
+      const found = (data.citations || []).length;
       renderCitations(turn, data.citations || []);
       turn.degraded = Boolean(data.degraded);
+      // the sources are known before the model writes a word: say what it is doing meanwhile
+      if (!turn.text) {
+        setState(turn, "reading", found
+          ? `Found ${found} source${found === 1 ? "" : "s"}; the model is reading ${found === 1 ? "it" : "them"}…`
+          : "No source matched; the model is answering…");
+      }
     } else if (ev.event === "delta") {
+      if (!turn.text && turn.el.dataset.state === "reading") setState(turn, "streaming", "Answering…");
       turn.text += data.text || "";
       renderAnswer(turn);
     } else if (ev.event === "done") {
@@ -395,7 +403,7 @@
     current = turn;
     ui.send.disabled = true;
     ui.stop.disabled = false;
-    setState(turn, "streaming", "Answering…");
+    setState(turn, "streaming", "Searching the sources…");
     const body = { question, stream: true };
     const f = filters();
     if (f) body.filters = f;
