@@ -42,10 +42,10 @@ from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
 from rag.attribution import Attributor
-from rag.prompts import UNKNOWN, CitationStream, PromptExample, build_prompt, question_lang
+from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt, question_lang
 from rag.retrieval import HybridRetriever
 from rag.sampling import SamplingPolicy
-from rag.types import Answer, Citation, Filters, GenerationParams, Generator, Prompt
+from rag.types import Answer, Citation, Filters, GenerationParams, Generator, Prompt, Warmable
 
 if TYPE_CHECKING:
     from rag.services import Services
@@ -54,6 +54,7 @@ __all__ = ["Answerer", "AnswerEvent"]
 
 log = logging.getLogger(__name__)
 HEADROOM_TOKENS = 16  # chat-template tokens the count of the bare prompt may miss
+_EMPTY = PackedContext("", (), {}, 0, 0)
 
 
 @dataclass(slots=True)
@@ -91,8 +92,9 @@ class Answerer:
         self.retriever = retriever or HybridRetriever.from_services(services)
         self.policy = SamplingPolicy(services.settings.sampling)
         self.fallback = ExtractiveGenerator()
-        self.examples = [PromptExample(e.question, e.context, e.answer, e.lang)
-                         for e in services.settings.prompt.examples]
+        configured = services.settings.prompt.examples
+        self.examples = list(EXAMPLES) if configured is None else [
+            PromptExample(e.question, e.context, e.answer, e.lang) for e in configured]
         self.system = dict(services.settings.prompt.system)
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -104,6 +106,10 @@ class Answerer:
             if not self._started:
                 await self.generator.start()
                 self._started = True
+                if isinstance(self.generator, Warmable):  # both languages' system messages, read once
+                    for lang in ("zh", "en"):
+                        await self.generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
+                                                               instructions=self.system))
 
     async def close(self) -> None:
         if self._started:
@@ -270,14 +276,12 @@ class Answerer:
     def _prompt(self, generator: Generator, question: str, hits: list, history: Sequence[Mapping[str, str]],
                 params: GenerationParams) -> tuple[PackedContext, Prompt]:
         """Pack the hits into what is left of the model's window, then build the prompt."""
-        empty = PackedContext("", (), {}, 0, 0)
-        bare = build_prompt(question, empty, lang=question_lang(question), history=history,
+        bare = build_prompt(question, _EMPTY, lang=question_lang(question), history=history,
                             examples=self.examples, instructions=self.system)
         overhead = generator.count_tokens("\n".join(m["content"] for m in bare.messages))
-        retrieval = self.services.settings.retrieval
-        budget = context_budget(generator.context_window, retrieval.max_context_tokens,
-                                overhead + params.max_tokens + HEADROOM_TOKENS)
-        packed = ContextPacker(generator.count_tokens, budget, max_chunks=retrieval.max_context_chunks).pack(hits)
+        max_tokens, max_chunks = self.services.settings.context_limits
+        budget = context_budget(generator.context_window, max_tokens, overhead + params.max_tokens + HEADROOM_TOKENS)
+        packed = ContextPacker(generator.count_tokens, budget, max_chunks=max_chunks).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
         return packed, prompt
 

@@ -45,6 +45,10 @@ __all__ = [
 SourceKind = Literal["folder", "site", "sitemap", "feed"]
 
 
+LLAMACPP_CONTEXT_TOKENS = 1024
+LLAMACPP_CONTEXT_CHUNKS = 3
+
+
 class SourceConfig(BaseModel):
     """One place documents come from: a folder, a web site, a sitemap or a feed."""
 
@@ -172,10 +176,23 @@ class RetrievalSettings(BaseModel):
         default=0.8, gt=0, le=1,
         description="Drop a passage when this share of its words is already in a better passage of the same document.",
     )
-    max_context_tokens: int = Field(default=3000, ge=64, description="Token budget of the packed context.")
+    max_context_tokens: int | None = Field(
+        default=None, ge=64,
+        description="Token budget of the packed context; default: the generator backend's (CONTEXT_DEFAULTS).")
     max_context_chunks: int | None = Field(
-        default=None, ge=1, description="Most passages packed into the context; default: as many as fit.")
+        default=None, ge=1,
+        description="Most passages packed into the context; default: the generator backend's (CONTEXT_DEFAULTS).")
     reranker: RerankerSettings = Field(default_factory=RerankerSettings)
+
+
+CONTEXT_DEFAULTS: dict[str, tuple[int, int | None]] = {
+    "llamacpp": (LLAMACPP_CONTEXT_TOKENS, LLAMACPP_CONTEXT_CHUNKS),
+}
+"""(max_context_tokens, max_context_chunks) per generator backend when ``retrieval`` leaves them
+unset. A CPU model reads a prompt at ~135 tokens/s (0.5B) on two cores, so its context is
+what fits the time to first token (``evals/RESULTS-answers.md``); the GPU and server
+backends get :data:`DEFAULT_CONTEXT`."""
+DEFAULT_CONTEXT: tuple[int, int | None] = (3000, None)
 
 
 class GeneratorSettings(BaseModel):
@@ -204,6 +221,16 @@ class GeneratorSettings(BaseModel):
     load_format: str = Field(default="auto", description="vllm: 'dummy' runs random weights (tests).")
     enforce_eager: bool = False
     threads: int | None = Field(default=None, ge=1, description="llamacpp: CPU threads; default: usable cores.")
+    batch_size: int | None = Field(
+        default=None, ge=8, le=8192,
+        description="llamacpp: prompt tokens read per batch (n_batch and n_ubatch); default llama.cpp's 512.")
+    flash_attn: bool = Field(default=True, description="llamacpp: flash attention (reads a prompt faster on CPU).")
+    prompt_lookup: int = Field(
+        default=0, ge=0, le=64,
+        description="llamacpp: prompt-lookup decoding, tokens drafted from the prompt per step; 0 is off.")
+    prefix_cache: bool = Field(
+        default=True, description="llamacpp: keep the model's state after each system prompt (rules and "
+        "examples), so a request reads only what follows it; both languages' are read at start.")
     timeout_s: float = Field(default=60.0, gt=0, description="openai: seconds to wait for each token.")
     connect_retries: int = Field(default=2, ge=0, le=10, description="openai: retries before the first token.")
     fallback: bool = Field(default=True, description="Answer extractively (flagged degraded) when the model is down.")
@@ -234,8 +261,9 @@ class PromptExampleSettings(BaseModel):
 
 
 class PromptSettings(BaseModel):
-    examples: list[PromptExampleSettings] = Field(
-        default_factory=list, description="Few-shot examples, used for questions in their language.")
+    examples: list[PromptExampleSettings] | None = Field(
+        default=None, description="Few-shot examples, used for questions in their language; default: one "
+        "short cited answer per language (rag.prompts.EXAMPLES); [] for none.")
     system: dict[Literal["en", "zh"], str] = Field(
         default_factory=dict, description="Replace the system instructions for a language; '{unknown}' "
         "stands for that language's \"I don't know\" sentence. Measure a change with ragqa eval answers.")
@@ -452,6 +480,14 @@ class Settings(BaseSettings):
             first = " ".join(str(exc).split())
             raise ConfigError(f"cannot read config {path}: {first}") from exc
         return cls.model_validate(loaded.model_dump())
+
+    @property
+    def context_limits(self) -> tuple[int, int | None]:
+        """The packed context's (token budget, most passages): ``retrieval``'s, else the generator backend's."""
+        tokens, chunks = CONTEXT_DEFAULTS.get(self.generator.backend, DEFAULT_CONTEXT)
+        r = self.retrieval
+        return (r.max_context_tokens or tokens,
+                r.max_context_chunks if r.max_context_chunks is not None else chunks)
 
     @property
     def milvus_uri(self) -> str:

@@ -27,7 +27,7 @@ from rag.packing import PackedContext
 from rag.support import LABEL
 from rag.types import Citation, Prompt
 
-__all__ = ["PromptExample", "build_prompt", "cite", "CitationStream", "question_lang", "UNKNOWN"]
+__all__ = ["EXAMPLES", "PromptExample", "build_prompt", "cite", "CitationStream", "question_lang", "UNKNOWN"]
 
 UNKNOWN = {
     "en": "I don't know: the documents do not say.",
@@ -67,6 +67,23 @@ class PromptExample:
     context: str
     answer: str
     lang: str = "en"
+
+
+EXAMPLES: tuple[PromptExample, ...] = (
+    PromptExample(
+        question="How long does Orbis keep its logs?",
+        context="[1] Orbis manual › Network\nThe Orbis server listens on port 7341 by default. Set ORBIS_PORT "
+                "to use another port.\n\n[2] Orbis manual › Logs\nOrbis writes its logs to /var/log/orbis and "
+                "keeps them for 14 days.",
+        answer="Orbis keeps its logs for 14 days [2].", lang="en"),
+    PromptExample(
+        question="星河数据库的备份保留多久？",
+        context="[1] 星河数据库手册 › 网络\n星河数据库默认监听6612端口，可以在配置文件中修改。\n\n"
+                "[2] 星河数据库手册 › 备份\n星河数据库每天凌晨两点自动备份，备份保留30天。",
+        answer="星河数据库的备份保留30天[2]。", lang="zh"),
+)
+"""The default few-shot examples (``prompt.examples`` unset): one short cited answer per language,
+about made-up products, so that a copied example is easy to spot in an answer."""
 
 
 def question_lang(question: str) -> str:
