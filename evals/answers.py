@@ -138,8 +138,11 @@ def _fingerprint(value: Any) -> str:
 
 
 def _public_config(settings: Settings) -> dict[str, Any]:
-    """The settings as JSON, secrets masked (pydantic's SecretStr dumps as '**********')."""
-    return json.loads(settings.model_dump_json(exclude={"data_dir", "sources"}))
+    """The settings as JSON, secrets masked (pydantic's SecretStr dumps as '**********'), with the
+    packed context's effective limits (``retrieval`` leaves them to the generator backend)."""
+    config = json.loads(settings.model_dump_json(exclude={"data_dir", "sources"}))
+    config["context_limits"] = list(settings.context_limits)
+    return config
 
 
 class _EvalRetriever:
@@ -172,11 +175,12 @@ def run_answer_eval(dataset: str | Path, *, config_file: str | Path | None = Non
                     out: str | Path | None = None, abstain_limit: int | None = None,
                     queries_file: str | Path | None = None, qrels_file: str | Path | None = None,
                     fresh: bool = False, progress: bool = True, tracking: bool = True,
-                    name: str | None = None) -> dict[str, Any]:
+                    name: str | None = None, stop_after: int | None = None) -> dict[str, Any]:
     """Run (or resume) an answer evaluation and return its summary (see the module docstring).
 
     ``abstain_limit`` bounds the abstention pass (default: every sampled question that has
     gold documents; 0 turns it off). ``fresh`` discards an earlier run in ``out``.
+    ``stop_after`` answers only the sample's first N questions; the same run resumes the rest.
     """
     base = Settings.load(config_file, **dict(overrides or {}))
     corpus, items = load_qa(dataset, queries_file, qrels_file)
@@ -196,7 +200,8 @@ def run_answer_eval(dataset: str | Path, *, config_file: str | Path | None = Non
     done = _open_run(run_dir, identity, fresh)
     settings, doc_of, ingest = _prepare_index(base, ds, home, progress)
     summary_extra = {"config": config, "ingest": ingest, "index": _index_snapshot(settings)}
-    rows = asyncio.run(_answer_all(settings, ds, doc_of, run_dir, done, abstain_limit, seed, progress))
+    rows = asyncio.run(_answer_all(settings, ds, doc_of, run_dir, done, abstain_limit, seed, progress,
+                                   stop_after))
     summary = summarize(rows)
     summary.update({
         "dataset": ds.name, "dataset_path": str(root.resolve()), "seed": seed, "limit": limit,
@@ -318,7 +323,7 @@ def _model_info(settings: Settings) -> dict[str, Any]:
 
 async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str], run_dir: Path,
                       done: dict[tuple[str, str], dict[str, Any]], abstain_limit: int | None, seed: int,
-                      progress: bool) -> list[dict[str, Any]]:
+                      progress: bool, stop_after: int | None = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     from rag.answer import Answerer
@@ -330,7 +335,8 @@ async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str
     negatives = with_gold if abstain_limit is None else with_gold[:abstain_limit]
     negative_ids = {i.qid for i in negatives}
     # Each question's abstention right after its answer: a run stopped early has both for its first questions.
-    work = [(i, p) for i in ds.items for p in ("answer", "abstain") if p == "answer" or i.qid in negative_ids]
+    work = [(i, p) for i in ds.items[:stop_after] for p in ("answer", "abstain")
+            if p == "answer" or i.qid in negative_ids]
     rows = [done[(i.qid, p)] for i, p in work if (i.qid, p) in done]
     todo = [(i, p) for i, p in work if (i.qid, p) not in done]
     if not todo:

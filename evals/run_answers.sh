@@ -20,24 +20,57 @@ XQ_EN="$HERE/tests/data/xquad-en"
 XQ_ZH="$HERE/tests/data/xquad-zh"
 RGB="$DATA/rgb-zh-dev"
 
-# name: dataset, sample size, abstention questions, environment. The model runs measure the
-# default before inferred citations (RAG_CITATIONS__INFER=false); xquad-en-qwen-infer is the
-# default with them, on the same questions.
+# name: dataset, sample size, abstention questions, environment.
+#
+# The first set (the answer harness's baseline) measured the 1.5B model with the context of
+# that time (3,000 tokens, every passage of the top 8, no examples) before inferred citations
+# (RAG_CITATIONS__INFER=false); xquad-en-qwen-infer is the same with them.
+#
+# The second set measures the fast-answer levers on one seeded sample of 100 questions per
+# language: `*-old` is the previous default (Qwen 1.5B, 3,000 tokens, 8 passages, no examples,
+# no flash attention), `*-q05` the new default (Qwen 0.5B, 3 passages in at most 1,024 tokens,
+# one example per language, flash attention), and the others change one lever of the new
+# default. The cache is off in all of them.
 OLD=RAG_CITATIONS__INFER=false
+Q15=RAG_GENERATOR__MODEL=qwen2.5-coder-1.5b-instruct
+WIDE="RAG_RETRIEVAL__MAX_CONTEXT_TOKENS=3000 RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=8"
+PREV="$Q15 $WIDE RAG_PROMPT__EXAMPLES=[] RAG_GENERATOR__FLASH_ATTN=false RAG_CACHE__BACKEND=off"
+NEW="RAG_CACHE__BACKEND=off"
+USE=RAG_EMBEDDER__BACKEND=use
 declare -A RUNS=(
   [xquad-en-extractive]="$XQ_EN 150 150 RAG_GENERATOR__BACKEND=extractive"
-  [xquad-zh-extractive]="$XQ_ZH 150 150 RAG_GENERATOR__BACKEND=extractive RAG_EMBEDDER__BACKEND=use"
-  [rgb-zh-extractive]="$RGB 100 100 RAG_GENERATOR__BACKEND=extractive RAG_EMBEDDER__BACKEND=use"
-  [xquad-en-qwen]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp $OLD"
-  [xquad-zh-qwen]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use $OLD"
-  [rgb-zh-qwen]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp RAG_EMBEDDER__BACKEND=use $OLD"
-  [xquad-en-qwen-infer]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp"
-  [xquad-en-gemma]="$XQ_EN 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m $OLD"
-  [xquad-zh-gemma]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use $OLD"
-  [rgb-zh-gemma]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m RAG_EMBEDDER__BACKEND=use $OLD"
+  [xquad-zh-extractive]="$XQ_ZH 150 150 RAG_GENERATOR__BACKEND=extractive $USE"
+  [rgb-zh-extractive]="$RGB 100 100 RAG_GENERATOR__BACKEND=extractive $USE"
+  [xquad-en-qwen]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp $Q15 $WIDE RAG_PROMPT__EXAMPLES=[] $OLD"
+  [xquad-zh-qwen]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp $USE $Q15 $WIDE RAG_PROMPT__EXAMPLES=[] $OLD"
+  [rgb-zh-qwen]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp $USE $Q15 $WIDE RAG_PROMPT__EXAMPLES=[] $OLD"
+  [xquad-en-qwen-infer]="$XQ_EN 150 30 RAG_GENERATOR__BACKEND=llamacpp $Q15 $WIDE RAG_PROMPT__EXAMPLES=[]"
+  [xquad-en-gemma]="$XQ_EN 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m $WIDE $OLD"
+  [xquad-zh-gemma]="$XQ_ZH 150 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m $USE $WIDE $OLD"
+  [rgb-zh-gemma]="$RGB 100 10 RAG_GENERATOR__BACKEND=llamacpp RAG_GENERATOR__MODEL=gemma-3-270m $USE $WIDE $OLD"
+  # the fast-answer levers (one seeded sample of 100 per language)
+  [xquad-en-old]="$XQ_EN 100 10 $PREV"
+  [xquad-zh-old]="$XQ_ZH 100 10 $PREV $USE"
+  [xquad-en-q05]="$XQ_EN 100 10 $NEW"
+  [xquad-zh-q05]="$XQ_ZH 100 10 $NEW $USE"
+  [xquad-en-q05-noshots]="$XQ_EN 100 0 $NEW RAG_PROMPT__EXAMPLES=[]"
+  [xquad-zh-q05-noshots]="$XQ_ZH 100 0 $NEW RAG_PROMPT__EXAMPLES=[] $USE"
+  [xquad-en-q05-c2]="$XQ_EN 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=2"
+  [xquad-zh-q05-c2]="$XQ_ZH 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=2 $USE"
+  [xquad-en-q05-c4]="$XQ_EN 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=4 RAG_RETRIEVAL__MAX_CONTEXT_TOKENS=1400"
+  [xquad-zh-q05-c4]="$XQ_ZH 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=4 RAG_RETRIEVAL__MAX_CONTEXT_TOKENS=1400 $USE"
+  [xquad-en-q05-wide]="$XQ_EN 100 0 $NEW $WIDE"
+  [xquad-en-q15]="$XQ_EN 100 0 $NEW $Q15"
+  [xquad-zh-q15]="$XQ_ZH 100 0 $NEW $Q15 $USE"
+  [xquad-en-q15-c1]="$XQ_EN 100 0 $NEW $Q15 RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=1"
+  [xquad-zh-q15-c1]="$XQ_ZH 100 0 $NEW $Q15 RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=1 $USE"
+  [xquad-en-q15-c2]="$XQ_EN 100 0 $NEW $Q15 RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=2"
+  [xquad-zh-q15-c2]="$XQ_ZH 100 0 $NEW $Q15 RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=2 $USE"
 )
 ORDER=(xquad-en-extractive xquad-zh-extractive rgb-zh-extractive xquad-en-qwen xquad-zh-qwen rgb-zh-qwen
-       xquad-en-qwen-infer xquad-en-gemma xquad-zh-gemma rgb-zh-gemma)
+       xquad-en-qwen-infer xquad-en-gemma xquad-zh-gemma rgb-zh-gemma
+       xquad-en-q05 xquad-zh-q05 xquad-en-old xquad-zh-old xquad-en-q05-noshots xquad-zh-q05-noshots
+       xquad-en-q05-c2 xquad-zh-q05-c2 xquad-en-q05-c4 xquad-zh-q05-c4 xquad-en-q05-wide xquad-en-q15 xquad-zh-q15)
 [[ $# -gt 0 ]] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
@@ -46,6 +79,7 @@ for name in "${ORDER[@]}"; do
   local -a cmd=(ragqa --data-dir "$OUT/data" eval answers "$dataset" --limit "$limit" --seed 0
                 --abstain "$abstain" --name "$(cut -d- -f1-2 <<<"$name")" --out "$OUT/$name" --no-tracking)
   [[ -n "${LIMIT_S:-}" ]] && cmd=(timeout "$LIMIT_S" "${cmd[@]}")
+  [[ -n "${LIMIT_N:-}" ]] && cmd+=(--stop-after "$LIMIT_N")
   env $env "${cmd[@]}" >"$OUT/$name.txt" 2>"$OUT/$name.log" || echo "   stopped (exit $?): partial rows kept" >&2
   echo "   done at load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 done

@@ -94,15 +94,16 @@ def test_a_packer_that_keeps_one_passage_fails_the_gate(data_dir: Path, tmp_path
                     "pip install 'ragqa[llamacpp]'")
 def test_a_prompt_without_the_citation_rule_fails_the_gate(data_dir: Path, tmp_path: Path) -> None:
     """The packaged Qwen on 8 questions with two passages each (evals/gate/qwen-small.yaml),
-    against the baseline run with the product prompt: without its rule 2 it cites nothing."""
+    against the baseline run with the product prompt: without its rule 2 and its cited example
+    it cites nothing."""
     result = CliRunner().invoke(cli, [
         "--config", str(GATE / "qwen-small.yaml"), "--data-dir", str(data_dir), "eval", "answers",
         str(DATA / "xquad-en"), "--limit", "8", "--seed", "0", "--abstain", "0", "--name", "xquad-en",
         "--out", str(tmp_path / "nocite"), "--no-tracking", "--json"],
-        env={"RAG_PROMPT__SYSTEM": json.dumps({"en": NO_CITATION_RULE})})
+        env={"RAG_PROMPT__SYSTEM": json.dumps({"en": NO_CITATION_RULE}), "RAG_PROMPT__EXAMPLES": "[]"})
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["metrics"]["compliance"] == 0.0
     gated = CliRunner().invoke(cli, ["eval", "gate", "--baseline", str(BASELINES / "xquad-en-qwen-small"),
                                      str(tmp_path / "nocite")])
     assert gated.exit_code == 1, gated.output
-    assert "compliance: 0.3750 -> 0.0000" in gated.output  # citations.infer is off in qwen-small.yaml
+    assert "compliance: 0.7500 -> 0.0000" in gated.output  # citations.infer is off in qwen-small.yaml

@@ -151,6 +151,8 @@ def _table(r: dict[str, Any]) -> str:
 @click.option("--qrels", "qrels_file", type=click.Path(exists=True, dir_okay=False),
               help="A qrels.tsv instead of DATASET_DIR's.")
 @click.option("--name", help="The dataset's name in reports. [default: the folder's name]")
+@click.option("--stop-after", type=click.IntRange(1),
+              help="Answer only the sample's first N questions; the same command without it resumes the rest.")
 @click.option("--fresh", is_flag=True, help="Discard an earlier run in the same folder instead of resuming it.")
 @click.option("--no-tracking", is_flag=True, help="Do not log the run to MLflow.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
@@ -158,7 +160,7 @@ def _table(r: dict[str, Any]) -> str:
 @handle_errors
 def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: str | None,
             abstain_limit: int | None, queries_file: str | None, qrels_file: str | None, name: str | None,
-            fresh: bool, no_tracking: bool, as_json: bool) -> None:
+            stop_after: int | None, fresh: bool, no_tracking: bool, as_json: bool) -> None:
     """Answer DATASET_DIR's questions with the real pipeline and score them.
 
     DATASET_DIR is a BEIR-style folder whose queries.jsonl rows have "answers" (or RGB's
@@ -180,7 +182,8 @@ def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: s
     setup_logging(json_logs=obj.log_json, verbose=obj.verbose)
     summary = run_answer_eval(dataset_dir, config_file=obj.config, overrides=obj.overrides(), limit=limit, seed=seed,
                               out=out, abstain_limit=abstain_limit, queries_file=queries_file,
-                              qrels_file=qrels_file, fresh=fresh, tracking=not no_tracking, name=name)
+                              qrels_file=qrels_file, fresh=fresh, tracking=not no_tracking, name=name,
+                              stop_after=stop_after)
     emit(summary, as_json, _answers_table)
 
 
