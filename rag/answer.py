@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
 from rag.errors import BackendError, GeneratorError
+from rag.focus import focus_hits
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
@@ -279,9 +280,11 @@ class Answerer:
         bare = build_prompt(question, _EMPTY, lang=question_lang(question), history=history,
                             examples=self.examples, instructions=self.system)
         overhead = generator.count_tokens("\n".join(m["content"] for m in bare.messages))
-        max_tokens, max_chunks = self.services.settings.context_limits
-        budget = context_budget(generator.context_window, max_tokens, overhead + params.max_tokens + HEADROOM_TOKENS)
-        packed = ContextPacker(generator.count_tokens, budget, max_chunks=max_chunks).pack(hits)
+        limits = self.services.settings.context_limits
+        budget = context_budget(generator.context_window, limits.tokens, overhead + params.max_tokens + HEADROOM_TOKENS)
+        if limits.sentences:
+            hits = focus_hits(question, hits[: limits.chunks] if limits.chunks else hits, limits.sentences)
+        packed = ContextPacker(generator.count_tokens, budget, max_chunks=limits.chunks).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
         return packed, prompt
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -43,10 +43,6 @@ __all__ = [
 ]
 
 SourceKind = Literal["folder", "site", "sitemap", "feed"]
-
-
-LLAMACPP_CONTEXT_TOKENS = 512
-LLAMACPP_CONTEXT_CHUNKS = 1
 
 
 class SourceConfig(BaseModel):
@@ -182,17 +178,30 @@ class RetrievalSettings(BaseModel):
     max_context_chunks: int | None = Field(
         default=None, ge=1,
         description="Most passages packed into the context; default: the generator backend's (CONTEXT_DEFAULTS).")
+    focus_sentences: int | None = Field(
+        default=None, ge=1,
+        description="Keep only this many sentences of each packed passage, around its best match for the "
+        "question (rag.focus); default: the generator backend's (CONTEXT_DEFAULTS), else whole passages.")
     reranker: RerankerSettings = Field(default_factory=RerankerSettings)
 
 
-CONTEXT_DEFAULTS: dict[str, tuple[int, int | None]] = {
-    "llamacpp": (LLAMACPP_CONTEXT_TOKENS, LLAMACPP_CONTEXT_CHUNKS),
+class ContextLimits(NamedTuple):
+    """How much context a prompt gets: a token budget, the most passages, and the sentences kept
+    of each passage around its best match for the question (``None``: no limit)."""
+
+    tokens: int
+    chunks: int | None = None
+    sentences: int | None = None
+
+
+CONTEXT_DEFAULTS: dict[str, ContextLimits] = {
+    "llamacpp": ContextLimits(tokens=512, chunks=1),
 }
-"""(max_context_tokens, max_context_chunks) per generator backend when ``retrieval`` leaves them
-unset. A CPU model reads a prompt at ~135 tokens/s (0.5B) on two cores, so its context is
-what fits the time to first token (``evals/RESULTS-answers.md``); the GPU and server
+"""The context limits per generator backend where ``retrieval`` leaves them unset. A CPU model
+reads a prompt at a few dozen tokens a second (Qwen 1.5B on two cores), so its context is what
+keeps the first token within seconds (``evals/RESULTS-answers.md``); the GPU and server
 backends get :data:`DEFAULT_CONTEXT`."""
-DEFAULT_CONTEXT: tuple[int, int | None] = (3000, None)
+DEFAULT_CONTEXT = ContextLimits(tokens=3000)
 
 
 class GeneratorSettings(BaseModel):
@@ -482,12 +491,14 @@ class Settings(BaseSettings):
         return cls.model_validate(loaded.model_dump())
 
     @property
-    def context_limits(self) -> tuple[int, int | None]:
-        """The packed context's (token budget, most passages): ``retrieval``'s, else the generator backend's."""
-        tokens, chunks = CONTEXT_DEFAULTS.get(self.generator.backend, DEFAULT_CONTEXT)
+    def context_limits(self) -> ContextLimits:
+        """The packed context's limits: ``retrieval``'s where set, else the generator backend's."""
+        default = CONTEXT_DEFAULTS.get(self.generator.backend, DEFAULT_CONTEXT)
         r = self.retrieval
-        return (r.max_context_tokens or tokens,
-                r.max_context_chunks if r.max_context_chunks is not None else chunks)
+        return ContextLimits(
+            r.max_context_tokens or default.tokens,
+            r.max_context_chunks if r.max_context_chunks is not None else default.chunks,
+            r.focus_sentences if r.focus_sentences is not None else default.sentences)
 
     @property
     def milvus_uri(self) -> str:

@@ -83,6 +83,27 @@ def test_the_context_fits_the_generators_window(indexed):
     assert used + 200 <= 700 and 0 < len(prompt.passages) < 30
 
 
+def test_the_context_limits_follow_the_generator_backend_and_focus_cuts_passages(indexed, monkeypatch):
+    """llamacpp packs its backend's default (the best passage); focus_sentences keeps the
+    sentences around each passage's best match for the question."""
+    title, body = doc_text(3)
+    question = body.split(".")[0]
+    retrieval = indexed.settings.retrieval
+    assert indexed.settings.generator.backend == "llamacpp" and retrieval.max_context_chunks is None
+    gen = Scripted(["ok"])
+    run(Answerer(indexed, generator=gen).stream(question, top_k=6))
+    assert [p.chunk.doc_id for p in gen.prompts[0].passages] == ["alpha:d03.md"]
+    assert gen.prompts[0].passages[0].chunk.text.startswith(title)
+
+    monkeypatch.setattr(retrieval, "max_context_chunks", 3)
+    monkeypatch.setattr(retrieval, "focus_sentences", 1)
+    run(Answerer(indexed, generator=gen).stream(question, top_k=6))
+    passages = gen.prompts[1].passages
+    assert len(passages) == 3 and passages[0].chunk.doc_id == "alpha:d03.md"
+    assert passages[0].chunk.text == f"{title} {question}. …"  # the chunk starts with its title
+    assert f"\n{title} {question}. …\n\n[2] " in gen.prompts[1].messages[-1]["content"]
+
+
 def test_a_generator_that_is_down_falls_back_to_extractive_and_is_flagged(indexed):
     _, body = doc_text(7)
     sentence = body.split(".")[0]
