@@ -107,10 +107,16 @@ class Answerer:
             if not self._started:
                 await self.generator.start()
                 self._started = True
-                if isinstance(self.generator, Warmable):  # both languages' system messages, read once
-                    for lang in ("zh", "en"):
-                        await self.generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
-                                                               instructions=self.system))
+
+    async def warm(self) -> None:
+        """Start the generator and have it read both languages' system messages (rules and
+        examples) now, when it can keep them (:class:`rag.types.Warmable`): a long-running
+        service calls this at start, so its first questions read only their own text."""
+        await self.start()
+        if isinstance(self.generator, Warmable):
+            for lang in ("zh", "en"):
+                await self.generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
+                                                       instructions=self.system))
 
     async def close(self) -> None:
         if self._started:

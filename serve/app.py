@@ -124,7 +124,7 @@ def _start_scheduler(services: Services) -> Any:
 
 async def _start_generator(answerer: Answerer, fallback: bool) -> GeneratorHealth:
     try:
-        await answerer.start()
+        await answerer.warm()  # loads the model and reads the system messages once
     except RagError as exc:
         if not fallback:
             raise
