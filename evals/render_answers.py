@@ -14,7 +14,8 @@ from evals.answers import summarize
 from evals.compare import load_run
 
 COLUMNS = (("EM", "em"), ("F1", "f1"), ("contains gold", "contains_gold"), ("BLEU-4", "bleu4"),
-           ("ROUGE-L", "rouge_l"), ("compliance", "compliance"), ("citation acc.", "citation_accuracy"),
+           ("ROUGE-L", "rouge_l"), ("compliance", "compliance"), ("explicit", "explicit_compliance"),
+           ("citation acc.", "citation_accuracy"),
            ("support", "support"), ("abstention", "abstention"))
 LATENCY = (("TTFT p50 / p99 s", "ttft_ms"), ("total p50 / p99 s", "total_ms"))
 
@@ -30,11 +31,14 @@ def row(folder: Path) -> str:
         cells.append(f"{lat['p50'] / 1000:.2f} / {lat['p99'] / 1000:.2f}" if lat else "–")
     tps = s["latency"].get("tokens_per_s")
     cells.append(f"{tps['p50']:.1f}" if tps else "–")
+    prompt = s["latency"].get("prompt_tokens")
+    cells.append(f"{prompt['p50']:.0f}" if prompt else "–")
     return "| " + " | ".join(cells) + " |"
 
 
 def main(folders: list[str]) -> None:
-    head = ["run", "n", *(label for label, _ in COLUMNS), *(label for label, _ in LATENCY), "tok/s p50"]
+    head = ["run", "n", *(label for label, _ in COLUMNS), *(label for label, _ in LATENCY), "tok/s p50",
+            "prompt tokens p50"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for folder in folders:
