@@ -123,6 +123,19 @@ def test_an_interrupted_run_resumes_and_the_ingest_is_reused(dataset: Path, tmp_
     assert other["ingest"]["reused"] is True and other["abstention_questions"] == 0
 
 
+def test_stop_after_answers_the_first_questions_and_the_run_resumes(dataset: Path, tmp_path: Path) -> None:
+    overrides = _overrides(tmp_path / "data")
+    out = tmp_path / "run"
+    part = run_answer_eval(dataset, overrides=overrides, limit=6, seed=4, out=out, progress=False, abstain_limit=2,
+                           stop_after=3)
+    first = _rows(out)
+    assert part["questions"] == 3 and part["sample"] == 6
+    assert [(r["qid"], r["pass"]) for r in first][:2] == [(first[0]["qid"], "answer"), (first[0]["qid"], "abstain")]
+    whole = run_answer_eval(dataset, overrides=overrides, limit=6, seed=4, out=out, progress=False, abstain_limit=2)
+    assert whole["questions"] == 6 and _rows(out)[: len(first)] == first
+    assert [r["qid"] for r in _rows(out) if r["pass"] == "answer"] == [i.qid for i in sample(load_qa(dataset)[1], 6, 4)]
+
+
 def test_packing_and_prompt_settings_reach_the_answer(dataset: Path, tmp_path: Path) -> None:
     overrides = _overrides(tmp_path / "data", retrieval={"max_context_chunks": 1})
     run_answer_eval(dataset, overrides=overrides, limit=8, out=tmp_path / "run", progress=False, abstain_limit=0)
