@@ -24,7 +24,7 @@ from rag.generators import gguf_models, make_generator
 from rag.generators.gguf_models import PACKAGED_MODELS, PackagedModel, gguf_metadata, packaged_model_path
 from rag.generators.llamacpp import LlamaCppGenerator
 from rag.packing import ContextPacker
-from rag.prompts import build_prompt
+from rag.prompts import EXAMPLES, build_prompt
 from rag.types import Chunk, GenerationDelta, GenerationParams, Hit, Prompt
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -214,7 +214,7 @@ def rag_prompt(question: str, passages: list[str], lang: str = "en") -> Prompt:
     hits = [Hit(chunk_id=f"c{i}", score=1.0, chunk=Chunk(id=f"c{i}", doc_id=f"d{i}", source="t", text=text,
                                                            hash=f"h{i}", title=f"Doc {i}"))
             for i, text in enumerate(passages)]
-    return build_prompt(question, ContextPacker(len, 4000).pack(hits), lang=lang)
+    return build_prompt(question, ContextPacker(len, 4000).pack(hits), lang=lang, examples=EXAMPLES)
 
 
 @needs_qwen05
@@ -237,16 +237,16 @@ def test_the_system_message_is_read_once_per_language_and_answers_do_not_change(
         llm.eval = lambda tokens: (read.append(len(tokens)), real_eval(tokens))[1]
         try:
             for lang in ("en", "zh"):  # what the Answerer does at start
-                await generator.warm(build_prompt("", ContextPacker(len, 10).pack([]), lang=lang))
-            warmed = len(read)
+                await generator.warm(build_prompt("", ContextPacker(len, 10).pack([]), lang=lang, examples=EXAMPLES))
+            reads = [len(read)]
             texts, sizes = [], []
             for prompt in prompts:
                 read.clear()
                 texts.append(text_of(await collect(generator, prompt, params)))
                 ids, _stop, head = generator._tokens(llm, prompt, params)
                 sizes.append((len(ids), head))
-                read[:] = read[:1]  # the prompt; the rest are generated tokens
-            return texts, [warmed, *read], sizes
+                reads.append(read[0])  # the prompt; the rest are the generated tokens, one by one
+            return texts, reads, sizes
         finally:
             await generator.close()
 
