@@ -56,6 +56,7 @@ __all__ = ["Answerer", "AnswerEvent"]
 log = logging.getLogger(__name__)
 HEADROOM_TOKENS = 16  # chat-template tokens the count of the bare prompt may miss
 _EMPTY = PackedContext("", (), {}, 0, 0)
+EXAMPLE_ROOM = 256  # least context left beside the few-shot examples, else they are left out
 
 
 @dataclass(slots=True)
@@ -282,16 +283,23 @@ class Answerer:
 
     def _prompt(self, generator: Generator, question: str, hits: list, history: Sequence[Mapping[str, str]],
                 params: GenerationParams) -> tuple[PackedContext, Prompt]:
-        """Pack the hits into what is left of the model's window, then build the prompt."""
-        bare = build_prompt(question, _EMPTY, lang=question_lang(question), history=history,
-                            examples=self.examples, instructions=self.system)
-        overhead = generator.count_tokens("\n".join(m["content"] for m in bare.messages))
+        """Pack the hits into what is left of the model's window, then build the prompt. The
+        examples go when they would leave the context less than ``EXAMPLE_ROOM`` tokens."""
         limits = self.services.settings.context_limits
-        budget = context_budget(generator.context_window, limits.tokens, overhead + params.max_tokens + HEADROOM_TOKENS)
+        examples: Sequence[PromptExample] = self.examples
+        while True:
+            bare = build_prompt(question, _EMPTY, lang=question_lang(question), history=history,
+                                examples=examples, instructions=self.system)
+            reserved = generator.count_tokens("\n".join(m["content"] for m in bare.messages)) \
+                + params.max_tokens + HEADROOM_TOKENS
+            if not examples or generator.context_window - reserved >= min(limits.tokens, EXAMPLE_ROOM):
+                break
+            examples = ()  # a small window: the passages matter more than the example
+        budget = context_budget(generator.context_window, limits.tokens, reserved)
         if limits.sentences:
             hits = focus_hits(question, hits[: limits.chunks] if limits.chunks else hits, limits.sentences)
         packed = ContextPacker(generator.count_tokens, budget, max_chunks=limits.chunks).pack(hits)
-        prompt = build_prompt(question, packed, history=history, examples=self.examples, instructions=self.system)
+        prompt = build_prompt(question, packed, history=history, examples=examples, instructions=self.system)
         return packed, prompt
 
 

@@ -104,6 +104,15 @@ def test_the_context_limits_follow_the_generator_backend_and_focus_cuts_passages
     assert f"\n{title} {question}. …\n\n[2] " in gen.prompts[1].messages[-1]["content"]
 
 
+def test_the_example_gives_way_to_the_passages_in_a_small_window(indexed):
+    roomy, small = Scripted(["ok"]), Scripted(["ok"])
+    small.context_window = 600  # words here: the rules, the example and 200 answer tokens leave < 256
+    for gen in (roomy, small):
+        run(Answerer(indexed, generator=gen).stream("river mountain lantern", overrides={"max_tokens": 200}))
+    assert "<examples>" in roomy.prompts[0].messages[0]["content"]
+    assert "<examples>" not in small.prompts[0].messages[0]["content"] and small.prompts[0].passages
+
+
 def test_a_generator_that_is_down_falls_back_to_extractive_and_is_flagged(indexed):
     _, body = doc_text(7)
     sentence = body.split(".")[0]
