@@ -234,9 +234,6 @@ class GeneratorSettings(BaseModel):
         default=None, ge=8, le=8192,
         description="llamacpp: prompt tokens read per batch (n_batch and n_ubatch); default llama.cpp's 512.")
     flash_attn: bool = Field(default=True, description="llamacpp: flash attention (reads a prompt faster on CPU).")
-    prompt_lookup: int = Field(
-        default=0, ge=0, le=64,
-        description="llamacpp: prompt-lookup decoding, tokens drafted from the prompt per step; 0 is off.")
     prefix_cache: bool = Field(
         default=True, description="llamacpp: keep the model's state after each system prompt (rules and "
         "examples), so a request reads only what follows it; both languages' are read at start.")

@@ -258,28 +258,6 @@ def test_the_system_message_is_read_once_per_language_and_answers_do_not_change(
         assert head > 50 and read == total - head, (total, head, read)
 
 
-@needs_qwen05
-@pytest.mark.slow
-def test_prompt_lookup_decoding_writes_the_same_greedy_answer() -> None:
-    """Drafts copied from the prompt are checked by the model: greedy text does not change."""
-    prompt = rag_prompt("What does the Orbis server do when a request fails?",
-                        ["When a request fails, the Orbis server retries it three times with a growing pause, "
-                         "then writes the error to /var/log/orbis/errors.log and alerts the operator."])
-    params = GenerationParams(temperature=0.0, max_tokens=40, repetition_penalty=1.0)
-
-    async def answer(lookup: int) -> str:
-        generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024,
-                                      prompt_lookup=lookup)
-        await generator.start()
-        try:
-            return text_of(await collect(generator, prompt, params))
-        finally:
-            await generator.close()
-
-    plain, drafted = asyncio.run(answer(0)), asyncio.run(answer(8))
-    assert drafted == plain and "three times" in plain
-
-
 # -- errors ------------------------------------------------------------------------------------
 
 @needs_llama

@@ -28,8 +28,9 @@ a question in the other language. :meth:`LlamaCppGenerator.warm` reads a system 
 of the first question (the service warms both languages at start).
 
 Speed settings (``generator.*``, measured in ``bench/RESULTS-llamacpp.md``): ``threads``,
-``batch_size`` (prompt tokens per batch), ``flash_attn`` and ``prompt_lookup`` (prompt-lookup
-decoding: draft tokens copied from the prompt and checked in one batch).
+``batch_size`` (prompt tokens per batch) and ``flash_attn``. Prompt-lookup decoding
+(llama-cpp-python's ``LlamaPromptLookupDecoding``) is left out: it decoded slower here and
+failed on a Chinese prompt (see that file).
 
 Concurrency: a ``Llama`` holds one KV cache, so one instance serves one generation at a time.
 ``stream`` may be called concurrently; the requests queue on a lock in their worker threads,
@@ -87,13 +88,11 @@ class LlamaCppGenerator:
     """A ``rag.types.Generator`` running a GGUF model in this process with llama.cpp."""
 
     def __init__(self, model: str | None = None, *, n_ctx: int | None = None, threads: int | None = None,
-                 batch_size: int | None = None, flash_attn: bool = True, prompt_lookup: int = 0,
-                 prefix_cache: bool = True) -> None:
+                 batch_size: int | None = None, flash_attn: bool = True, prefix_cache: bool = True) -> None:
         self.model = model
         self.threads = threads or len(os.sched_getaffinity(0))
         self.batch_size = batch_size
         self.flash_attn = flash_attn
-        self.prompt_lookup = prompt_lookup
         self.prefix_cache = prefix_cache
         self._prefixes: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self.context_window = n_ctx or DEFAULT_CONTEXT
@@ -109,7 +108,7 @@ class LlamaCppGenerator:
         """Build from ``generator`` settings (``model``, ``max_model_len`` and the llamacpp speed settings)."""
         return cls(settings.model, n_ctx=settings.max_model_len, threads=settings.threads,
                    batch_size=settings.batch_size, flash_attn=settings.flash_attn,
-                   prompt_lookup=settings.prompt_lookup, prefix_cache=settings.prefix_cache)
+                   prefix_cache=settings.prefix_cache)
 
     @property
     def chat(self) -> bool:
@@ -135,10 +134,6 @@ class LlamaCppGenerator:
                                   "n_threads_batch": self.threads, "flash_attn": self.flash_attn, "verbose": False}
         if self.batch_size:
             kwargs.update(n_batch=self.batch_size, n_ubatch=self.batch_size)
-        if self.prompt_lookup:
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-            kwargs["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=self.prompt_lookup)
         path = self._local_path()
         try:
             if path is not None:
