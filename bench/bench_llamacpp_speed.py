@@ -31,6 +31,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from rag.generators.gguf_models import packaged_model_path  # noqa: E402
+from rag.generators.llamacpp import LlamaCppGenerator  # noqa: E402
 from rag.packing import SEPARATOR, PackedContext, passage_header  # noqa: E402
 from rag.prompts import build_prompt  # noqa: E402
 from rag.types import Chunk, Passage  # noqa: E402
@@ -66,15 +67,11 @@ def prompts(lang: str, passages: int, count: int) -> list[tuple[Any, str]]:
 
 
 def render(llm: Any, formatter: Any, prompt: Any) -> tuple[list[int], int]:
-    """The prompt's token ids and the length of its static prefix (the system message)."""
+    """The prompt's token ids and the length of its static prefix (the system message), as
+    the generator's prefix cache counts it."""
     rendered = formatter(messages=[dict(m) for m in prompt.messages]).prompt
     ids = llm.tokenize(rendered.encode(), add_bos=False, special=True)
-    head = rendered[: rendered.index(prompt.messages[-1]["content"])]
-    prefix = llm.tokenize(head.encode(), add_bos=False, special=True)
-    n = 0
-    while n < min(len(ids), len(prefix)) and ids[n] == prefix[n]:
-        n += 1
-    return ids, n
+    return ids, LlamaCppGenerator._static_head(llm, prompt, rendered, ids, False, True)
 
 
 def run(model: str, label: str, kwargs: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:

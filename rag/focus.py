@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from rag.prompts import question_lang
 from rag.support import content_words, split_sentences, text_words
 from rag.types import Hit
 
@@ -36,7 +37,7 @@ def focus_text(question_words: set[str], text: str, sentences: int) -> str:
     best = max(range(len(parts)), key=lambda i: (scores[i], -i))  # the first of the best
     start = 0 if scores[best] == 0 else max(0, min(best - 1, len(parts) - sentences))
     end = start + sentences
-    sep = "" if _cjk(text) else " "
+    sep = "" if question_lang(text) == "zh" else " "  # Chinese sentences join without a space
     body = sep.join(parts[start:end])
     return (f"{ELLIPSIS} " if start > 0 else "") + body + (f" {ELLIPSIS}" if end < len(parts) else "")
 
@@ -52,9 +53,3 @@ def focus_hits(question: str, hits: Sequence[Hit], sentences: int) -> list[Hit]:
         text = focus_text(wanted, hit.chunk.text, sentences)
         out.append(hit if text == hit.chunk.text else replace(hit, chunk=replace(hit.chunk, text=text)))
     return out
-
-
-def _cjk(text: str) -> bool:
-    """Mostly Chinese text, where sentences join without a space."""
-    sample = text[:200]
-    return sum("\u3400" <= c <= "\u9fff" for c in sample) > len(sample) / 4

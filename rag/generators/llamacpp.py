@@ -216,11 +216,7 @@ class LlamaCppGenerator:
         if cut <= 0:
             return 0
         head = llm.tokenize(text[:cut].encode("utf-8"), add_bos=bos, special=special)
-        n = 0
-        for a, b in zip(head, ids, strict=False):  # a token may merge across the cut: stop before it
-            if a != b:
-                break
-            n += 1
+        n = llm.longest_token_prefix(head, ids)  # a token may merge across the cut: stop before it
         return n if n >= MIN_PREFIX else 0
 
     def _restore_prefix(self, llm: Any, prefix: list[int]) -> None:
