@@ -55,7 +55,7 @@ from evals.qa_metrics import abstained, answer_scores, citation_scores
 from evals.retrieval import Corpus, load_corpus, load_qrels, read_jsonl
 from rag.config import Settings
 from rag.errors import ConfigError
-from rag.prompts import question_lang
+from rag.lang import detect_lang
 
 __all__ = ["QAItem", "LATENCIES", "load_qa", "run_answer_eval", "sample", "summarize"]
 
@@ -119,7 +119,7 @@ def load_qa(folder: str | Path, queries_file: str | Path | None = None,
         items.append(QAItem(
             qid, text, tuple(answers), tuple(tuple(str(a) for a in p) for p in parts) if parts else None,
             frozenset(d for d, rel in qrels.get(qid, {}).items() if rel > 0),
-            str(row.get("lang") or question_lang(text))))
+            str(row.get("lang") or detect_lang(text))))
     if not items:
         raise ConfigError(f"{queries_path}: no question has gold answers (an 'answers' or 'answer_parts' field)")
     return corpus, items

@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
 
+from rag import lang as rag_lang
+
 __all__ = ["normalize_text", "text_hash", "detect_lang", "parse_datetime", "collapse_spaces"]
 
 # Line and paragraph separators that are not "\n": vertical tab, form feed, NEL, LS, PS.
@@ -34,8 +36,6 @@ _INVISIBLE = re.compile(r"[\u200b\u2060\ufeff\u00ad]")
 _INNER_SPACES = re.compile(r"(?<=\S) {2,}")
 _TRAILING_SPACES = re.compile(r" +$", re.MULTILINE)
 _BLANK_RUNS = re.compile(r"\n{3,}")
-_LETTER = re.compile(r"[^\W\d_]")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef]")
 
 
 @lru_cache(maxsize=64)
@@ -81,11 +81,7 @@ def detect_lang(text: str) -> str:
     ``"und"`` for text without letters. Cheap and deterministic; a source that needs
     another language sets ``lang`` in its configuration.
     """
-    sample = text[:20000]
-    letters = len(_LETTER.findall(sample))
-    if letters == 0:
-        return "und"
-    return "zh" if len(_CJK.findall(sample)) / letters > 0.2 else "en"
+    return rag_lang.detect_lang(text[:20000], threshold=0.2, empty="und")
 
 
 def parse_datetime(value: str | None) -> datetime | None:

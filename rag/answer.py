@@ -43,7 +43,8 @@ from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
 from rag.attribution import Attributor
-from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt, question_lang
+from rag.lang import detect_lang
+from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt
 from rag.retrieval import HybridRetriever
 from rag.sampling import SamplingPolicy
 from rag.types import Answer, Citation, Filters, GenerationParams, Generator, Prompt, Warmable
@@ -288,7 +289,7 @@ class Answerer:
         limits = self.services.settings.context_limits
         examples: Sequence[PromptExample] = self.examples
         while True:
-            bare = build_prompt(question, _EMPTY, lang=question_lang(question), history=history,
+            bare = build_prompt(question, _EMPTY, lang=detect_lang(question), history=history,
                                 examples=examples, instructions=self.system)
             reserved = generator.count_tokens("\n".join(m["content"] for m in bare.messages)) \
                 + params.max_tokens + HEADROOM_TOKENS

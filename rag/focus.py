@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from rag.prompts import question_lang
+from rag.lang import detect_lang
 from rag.support import content_words, split_sentences, text_words
 from rag.types import Hit
 
@@ -37,7 +37,7 @@ def focus_text(question_words: set[str], text: str, sentences: int) -> str:
     best = max(range(len(parts)), key=lambda i: (scores[i], -i))  # the first of the best
     start = 0 if scores[best] == 0 else max(0, min(best - 1, len(parts) - sentences))
     end = start + sentences
-    sep = "" if question_lang(text) == "zh" else " "  # Chinese sentences join without a space
+    sep = "" if detect_lang(text) == "zh" else " "  # Chinese sentences join without a space
     body = sep.join(parts[start:end])
     return (f"{ELLIPSIS} " if start > 0 else "") + body + (f" {ELLIPSIS}" if end < len(parts) else "")
 

@@ -49,7 +49,7 @@ from rag.metrics import (
     INJECTION_QUESTIONS,
     INJECTION_RULES,
 )
-from rag.prompts import question_lang
+from rag.lang import detect_lang
 from rag.types import Chunk, Hit
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def normalize(text: str) -> str:
 
 def refusal(question: str) -> str:
     """The refusal a blocked question gets, in the question's language."""
-    return REFUSAL[question_lang(question)]
+    return REFUSAL[detect_lang(question)]
 
 
 class InjectionFilter:

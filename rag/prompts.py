@@ -23,11 +23,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rag.lang import detect_lang
 from rag.packing import PackedContext
 from rag.support import LABEL
 from rag.types import Citation, Prompt
 
-__all__ = ["EXAMPLES", "PromptExample", "build_prompt", "cite", "CitationStream", "question_lang", "UNKNOWN"]
+__all__ = ["EXAMPLES", "PromptExample", "build_prompt", "cite", "CitationStream", "UNKNOWN"]
 
 UNKNOWN = {
     "en": "I don't know: the documents do not say.",
@@ -54,10 +55,6 @@ SYSTEM = {
         "5. 用中文简洁、直接地回答。"
     ),
 }
-
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
-
 
 @dataclass(frozen=True, slots=True)
 class PromptExample:
@@ -86,12 +83,6 @@ EXAMPLES: tuple[PromptExample, ...] = (
 about made-up products, so that a copied example is easy to spot in an answer."""
 
 
-def question_lang(question: str) -> str:
-    """``"zh"`` when the question is mostly Chinese characters, else ``"en"``."""
-    letters = len(_LETTER.findall(question))
-    return "zh" if letters and len(_CJK.findall(question)) / letters > 0.3 else "en"
-
-
 def build_prompt(question: str, packed: PackedContext, *, lang: str | None = None,
                  history: Sequence[Mapping[str, str]] = (),
                  examples: Sequence[PromptExample] = (), instructions: Mapping[str, str] | None = None) -> Prompt:
@@ -102,7 +93,7 @@ def build_prompt(question: str, packed: PackedContext, *, lang: str | None = Non
     ``instructions`` replaces the rules of :data:`SYSTEM` per language (``{unknown}`` in it
     becomes the language's "I don't know" sentence).
     """
-    lang = lang or question_lang(question)
+    lang = lang or detect_lang(question)
     template = (instructions or {}).get(lang) or SYSTEM.get(lang, SYSTEM["en"])
     system = template.replace("{unknown}", UNKNOWN.get(lang, UNKNOWN["en"]))
     shots = [e for e in examples if e.lang == lang]

@@ -7,13 +7,13 @@ import pytest
 from rag.config import SamplingSettings
 from rag.errors import RequestError
 from rag.packing import PackedContext
+from rag.lang import detect_lang
 from rag.prompts import (
     UNKNOWN,
     CitationStream,
     PromptExample,
     build_prompt,
     cite,
-    question_lang,
 )
 from rag.sampling import SamplingPolicy, classify_question
 from rag.types import Chunk, Citation, Passage
@@ -39,7 +39,7 @@ def test_english_and_chinese_templates_have_the_sections_and_rules():
     assert en.stop == ("</answer>",)
     zh = build_prompt("如何打开文件？", packed(["使用 open()。"]))
     assert zh.lang == "zh" and UNKNOWN["zh"] in zh.messages[0]["content"] and "标签" in zh.messages[0]["content"]
-    assert question_lang("What is 北京?") == "en" and question_lang("北京是什么 city") == "zh"
+    assert detect_lang("What is 北京?") == "en" and detect_lang("北京是什么 city") == "zh"
 
 
 def test_history_and_few_shot_examples_go_in_order():

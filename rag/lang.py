@@ -1,0 +1,78 @@
+"""The one language detector, and which languages an embedding model ranks well.
+
+ragqa serves English and Chinese. :func:`detect_lang` tells them apart by script, in about a
+microsecond: ``"zh"`` when more than 30% of a text's letters are Chinese characters, else
+``"en"`` (every other language is treated like English: Latin-script models cover most of
+them at least as well as they cover nothing). The prompt, the injection filter, the context
+focus and retrieval all use it, so a question is in one language everywhere.
+
+:func:`model_languages` is what an embedder declares as its ``languages``: the languages it
+was trained to rank (``None``: any). Retrieval gives the vector leg no weight for a query in a
+language its model does not cover, because such a ranking is close to random and drags
+fusion below BM25 alone (measured in ``evals/RESULTS-retrieval.md``).
+
+Example::
+
+    detect_lang("What is 北京?")          # "en": one Chinese word in an English question
+    detect_lang("北京是什么 city")         # "zh"
+    model_languages("all-MiniLM-L6-v2")   # frozenset({"en"})
+    model_languages("paraphrase-multilingual-MiniLM-L12-v2")   # None: any language
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["CJK", "LANGS", "LANG_NAMES", "detect_lang", "covers", "model_languages", "zh_share"]
+
+LANGS = ("en", "zh")
+LANG_NAMES = {"en": "English", "zh": "Chinese"}
+
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef]")
+"""One Chinese (CJK unified) character."""
+_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
+
+# English-only sentence-embedding families, by a substring of the lowercased model name.
+# Anything else is assumed multilingual unless the settings say otherwise
+# (``embedder.languages``): a wrong "any" costs what fusion cost before, a wrong "en" would
+# silence a good model.
+_ENGLISH_ONLY = ("all-minilm", "all-mpnet", "all-distilroberta", "multi-qa-", "msmarco-", "paraphrase-minilm",
+                 "paraphrase-mpnet", "bge-small-en", "bge-base-en", "bge-large-en",
+                 "gte-small", "gte-base", "gte-large", "e5-small-v2", "e5-base-v2", "e5-large-v2",
+                 "nomic-embed-text", "embed-english")
+
+
+def detect_lang(text: str, *, threshold: float = 0.3, empty: str = "en") -> str:
+    """``"zh"`` when more than ``threshold`` of ``text``'s letters are Chinese characters, else
+    ``"en"``; ``empty`` for a text without letters.
+
+    Questions use the default 0.3, so one Chinese name in an English question stays English;
+    documents use 0.2 (``ingest.normalize.detect_lang``), since a Chinese page can carry much
+    English code and markup.
+    """
+    letters = len(_LETTER.findall(text))
+    if not letters:
+        return empty
+    return "zh" if len(CJK.findall(text)) / letters > threshold else "en"
+
+
+def zh_share(texts: Iterable[str]) -> float:
+    """The share of ``texts`` (by count) that :func:`detect_lang` calls Chinese; 0 for none."""
+    langs = [detect_lang(t) for t in texts]
+    return langs.count("zh") / len(langs) if langs else 0.0
+
+
+def model_languages(name: str) -> frozenset[str] | None:
+    """The languages an embedding model named ``name`` covers: ``{"en"}`` for the English-only
+    families ragqa knows (MiniLM, MPNet, BGE-en, GTE, e5-v2, Cohere's english models), else
+    ``None`` (any language; "multilingual" in the name always means any)."""
+    lowered = name.lower().replace("_", "-")
+    if "multilingual" in lowered or "-zh" in lowered or "chinese" in lowered:
+        return None
+    return frozenset({"en"}) if any(part in lowered for part in _ENGLISH_ONLY) else None
+
+
+def covers(languages: frozenset[str] | None, lang: str) -> bool:
+    """Whether a model declaring ``languages`` ranks text in ``lang``."""
+    return languages is None or lang in languages
