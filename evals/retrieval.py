@@ -58,7 +58,7 @@ METRICS = {
 }
 DEFAULT_CANDIDATES = 100
 DEFAULT_RRF_K = 60.0
-DEFAULT_WEIGHTS = (1.0, 1.0)
+DEFAULT_WEIGHTS: tuple[float, float] | None = None  # adaptive per query (rag.retrieval.adaptive)
 
 Corpus = dict[str, dict[str, str]]
 Qrels = dict[str, dict[str, int]]
@@ -72,7 +72,8 @@ class Variant:
     mode: str
     candidates: int = DEFAULT_CANDIDATES
     rrf_k: float = DEFAULT_RRF_K
-    weights: tuple[float, float] = DEFAULT_WEIGHTS
+    weights: tuple[float, float] | None = DEFAULT_WEIGHTS
+    language_aware: bool = True
 
     @property
     def depth(self) -> int:
@@ -85,17 +86,23 @@ class Variant:
             out["candidates"] = self.candidates
         if self.mode == "rrf":
             out["rrf_k"] = self.rrf_k
-            out["weights"] = list(self.weights)
+            out["weights"] = "auto" if self.weights is None else list(self.weights)
+        if self.mode in ("hybrid", "rrf"):
+            out["language_aware"] = self.language_aware
         return out
 
 
 _KEYS = {"candidates": "candidates", "c": "candidates", "rrf_k": "rrf_k", "k": "rrf_k",
-         "weights": "weights", "w": "weights"}
-_APPLIES = {"candidates": ("hybrid", "rrf"), "rrf_k": ("rrf",), "weights": ("rrf",)}
+         "weights": "weights", "w": "weights", "lang": "language_aware", "language_aware": "language_aware"}
+_APPLIES = {"candidates": ("hybrid", "rrf"), "rrf_k": ("rrf",), "weights": ("rrf",),
+            "language_aware": ("hybrid", "rrf")}
 
 
-def parse_weights(text: str) -> tuple[float, float]:
-    """``"1,0.5"`` -> ``(1.0, 0.5)``: the (BM25, vector) weights of rank fusion."""
+def parse_weights(text: str) -> tuple[float, float] | None:
+    """``"1,0.5"`` -> ``(1.0, 0.5)``: the (BM25, vector) weights of rank fusion; ``"auto"`` ->
+    ``None``, adaptive weights per query."""
+    if str(text).strip().lower() == "auto":
+        return None
     parts = [p.strip() for p in str(text).split(",")]
     try:
         values = tuple(float(p) for p in parts)
@@ -111,13 +118,15 @@ def _num(text: str) -> str:
 
 
 def parse_variant(spec: str, *, candidates: int = DEFAULT_CANDIDATES, rrf_k: float = DEFAULT_RRF_K,
-                  weights: Sequence[float] = DEFAULT_WEIGHTS) -> Variant:
+                  weights: Sequence[float] | None = DEFAULT_WEIGHTS, language_aware: bool = True) -> Variant:
     """Read ``[NAME=]MODE[:KEY=VALUE]...``; keys not given take the keyword defaults.
 
     Keys: ``candidates`` (or ``c``; hybrid and rrf), ``rrf_k`` (or ``k``; rrf) and
-    ``weights`` (or ``w``; rrf, ``BM25,VECTOR``). Without a name, the variant is named by its
-    mode and the parameters that differ from the standard ones (100 candidates, k 60,
-    weights 1,1), e.g. ``rrf:weights=1,0.5:rrf_k=20``, which reads back as the same variant.
+    ``weights`` (or ``w``; rrf, ``BM25,VECTOR`` or ``auto``) and ``lang`` (hybrid and rrf, 1 or
+    0: whether a question in a language the embedder does not cover loses the vector leg).
+    Without a name, the variant is named by its mode and the parameters that differ from the
+    standard ones (100 candidates, k 60, adaptive weights, lang 1), e.g.
+    ``rrf:weights=1,0.5:rrf_k=20``, which reads back as the same variant.
 
     Example::
 
@@ -136,13 +145,14 @@ def parse_variant(spec: str, *, candidates: int = DEFAULT_CANDIDATES, rrf_k: flo
     if mode not in MODES:
         raise ConfigError(f"variant {spec!r}: modes must be some of {', '.join(MODES)}, not {mode!r}")
     values: dict[str, Any] = {"candidates": int(candidates), "rrf_k": float(rrf_k),
-                              "weights": parse_weights(",".join(str(w) for w in weights))}
+                              "weights": None if weights is None else parse_weights(",".join(str(w) for w in weights)),
+                              "language_aware": bool(language_aware)}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         key = _KEYS.get(key.strip(), "")
         if not eq or not key or not value.strip():
             raise ConfigError(f"variant {spec!r}: expected KEY=VALUE with KEY one of candidates, rrf_k, "
-                              f"weights, got {pair!r}")
+                              f"weights, lang, got {pair!r}")
         if mode not in _APPLIES[key]:
             raise ConfigError(f"variant {spec!r}: {key} does not apply to {mode} "
                               f"(only to {' and '.join(_APPLIES[key])})")
@@ -155,11 +165,15 @@ def parse_variant(spec: str, *, candidates: int = DEFAULT_CANDIDATES, rrf_k: flo
                 values[key] = float(value)
                 if values[key] < 0:
                     raise ValueError
+            elif key == "language_aware":
+                flag = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
+                values[key] = flag[value.strip().lower()]
             else:
                 values[key] = parse_weights(value)
-        except ValueError:
+        except (ValueError, KeyError):
             raise ConfigError(f"variant {spec!r}: bad value for {key}: {value!r}") from None
-    variant = Variant(name or "", mode, values["candidates"], values["rrf_k"], values["weights"])
+    variant = Variant(name or "", mode, values["candidates"], values["rrf_k"], values["weights"],
+                      values["language_aware"])
     return variant if name else _named(variant)
 
 
@@ -170,8 +184,10 @@ def _named(v: Variant) -> Variant:
     if v.mode == "rrf" and v.rrf_k != DEFAULT_RRF_K:
         parts.append(f"rrf_k={_num(str(v.rrf_k))}")
     if v.mode == "rrf" and v.weights != DEFAULT_WEIGHTS:
-        parts.append("weights=" + ",".join(_num(str(w)) for w in v.weights))
-    return Variant(":".join(parts), v.mode, v.candidates, v.rrf_k, v.weights)
+        parts.append("weights=" + ("auto" if v.weights is None else ",".join(_num(str(w)) for w in v.weights)))
+    if v.mode in _APPLIES["language_aware"] and not v.language_aware:
+        parts.append("lang=0")
+    return Variant(":".join(parts), v.mode, v.candidates, v.rrf_k, v.weights, v.language_aware)
 
 
 def load_beir(folder: str | Path, queries: str | Path | None = None,
@@ -226,15 +242,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def build_variants(modes: Sequence[str], variants: Sequence[str | Variant] = (), *,
                    candidates: int = DEFAULT_CANDIDATES, rrf_k: float = DEFAULT_RRF_K,
-                   weights: Sequence[float] = DEFAULT_WEIGHTS) -> list[Variant]:
+                   weights: Sequence[float] | None = DEFAULT_WEIGHTS,
+                   language_aware: bool = True) -> list[Variant]:
     """The variants to run: each of ``modes`` (named by its mode) with the shared parameters,
     then each of ``variants`` (spec strings take the shared parameters as defaults)."""
     unknown = [m for m in modes if m not in MODES]
     if unknown or not (modes or variants):
         raise ConfigError(f"modes must be some of {', '.join(MODES)}, got {', '.join(modes) or 'none'}")
-    shared = {"candidates": candidates, "rrf_k": rrf_k, "weights": weights}
-    out = [Variant(m, m, int(candidates), float(rrf_k), parse_weights(",".join(map(str, weights))))
-           for m in modes]
+    shared = {"candidates": candidates, "rrf_k": rrf_k, "weights": weights, "language_aware": language_aware}
+    fixed = None if weights is None else parse_weights(",".join(map(str, weights)))
+    out = [Variant(m, m, int(candidates), float(rrf_k), fixed, language_aware) for m in modes]
     out += [v if isinstance(v, Variant) else parse_variant(v, **shared) for v in variants]
     seen: set[str] = set()
     for v in out:
@@ -250,7 +267,8 @@ def run_retrieval_eval(folder: str | Path, modes: Sequence[str] = MODES,
                        limit_queries: int | None = None,
                        candidates: int = DEFAULT_CANDIDATES, *,
                        rrf_k: float = DEFAULT_RRF_K,
-                       weights: Sequence[float] = DEFAULT_WEIGHTS,
+                       weights: Sequence[float] | None = DEFAULT_WEIGHTS,
+                       language_aware: bool = True,
                        variants: Sequence[str | Variant] = (),
                        queries_file: str | Path | None = None,
                        qrels_file: str | Path | None = None,
@@ -269,7 +287,8 @@ def run_retrieval_eval(folder: str | Path, modes: Sequence[str] = MODES,
     folder's ``queries.jsonl``/``qrels.tsv``. ``per_query`` adds
     ``report["per_query"][name][metric][query_id]``, for paired significance tests.
     """
-    chosen = build_variants(modes, variants, candidates=candidates, rrf_k=rrf_k, weights=weights)
+    chosen = build_variants(modes, variants, candidates=candidates, rrf_k=rrf_k, weights=weights,
+                            language_aware=language_aware)
     corpus, queries, qrels = load_beir(folder, queries_file, qrels_file)
     judged = {q: {d: r for d, r in rels.items() if r > 0} for q, rels in qrels.items()}
     qids = [q for q in queries if judged.get(q)]
@@ -346,7 +365,8 @@ def _retriever(services: Services, variant: Variant) -> HybridRetriever:
     """The variant's retriever with only ranking on: no recency boost and no near-duplicate
     dropping (which would hide a judged document behind a near copy), where they exist."""
     options: dict[str, Any] = {"mode": variant.mode, "candidates": variant.candidates,
-                               "rrf_k": variant.rrf_k, "weights": variant.weights}
+                               "rrf_k": variant.rrf_k, "weights": variant.weights,
+                               "language_aware": variant.language_aware}
     accepted = inspect.signature(HybridRetriever).parameters
     for key in ("dedup_threshold", "recency_half_life_days"):
         if key in accepted:

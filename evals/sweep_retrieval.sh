@@ -5,6 +5,7 @@
 #
 #   source scripts/env.sh && activate   # or: source ~/.cache/ragqa/venv/bin/activate
 #   evals/sweep_retrieval.sh [OUT] [RUN...]   # RUN: cranfield-st cranfield-use rgb-use xquad-en xquad-zh zh-en-use zh-en-e5
+#                                             #      default-cranfield default-xquad-en default-xquad-zh default-rgb default-zh-en
 set -euo pipefail
 
 main() {  # the whole script is one function, so bash reads it all before running any of it
@@ -51,6 +52,10 @@ PY
   echo "   done in $((SECONDS - started)) s" >&2
 }
 
+# The defaults, nothing set by hand: the embedder chosen by the first ingest (auto), adaptive
+# weights, the language gate; beside them the fixed weights of the previous defaults, ungated.
+DEFAULTS=(--modes bm25,vector,rrf --variant rrf:w=1,1:lang=0 --variant rrf:w=1,0.5:lang=0)
+
 want() { [[ ${#RUNS[@]} -eq 0 ]] || [[ " ${RUNS[*]} " == *" $1 "* ]]; }
 
 RUNS=("$@")
@@ -63,6 +68,12 @@ want zh-en-use     && run zh-en-use     "$DATA/xquad-en" --queries "$DATA/xquad-
                           --qrels "$DATA/xquad-zh/qrels.tsv" --embedder use "${CROSS[@]}"
 want zh-en-e5      && run zh-en-e5      "$DATA/xquad-en" --queries "$DATA/xquad-zh/queries.jsonl" \
                           --qrels "$DATA/xquad-zh/qrels.tsv" --embedder e5 ${E5_LIMIT:+--limit "$E5_LIMIT"} "${CROSS[@]}"
+want default-cranfield && run default-cranfield "$DATA/cranfield-dev" "${DEFAULTS[@]}"
+want default-xquad-en  && run default-xquad-en  "$DATA/xquad-en" "${DEFAULTS[@]}"
+want default-xquad-zh  && run default-xquad-zh  "$DATA/xquad-zh" "${DEFAULTS[@]}"
+want default-zh-en     && run default-zh-en     "$DATA/xquad-en" --queries "$DATA/xquad-zh/queries.jsonl" \
+                          --qrels "$DATA/xquad-zh/qrels.tsv" "${DEFAULTS[@]}"
+want default-rgb       && run default-rgb       "$DATA/rgb-zh-dev" "${DEFAULTS[@]}"
 return 0
 }
 

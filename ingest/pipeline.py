@@ -41,6 +41,10 @@ __all__ = ["reindex", "RunReport", "Mode"]
 log = logging.getLogger("ragqa.ingest")
 Mode = Literal["full", "incremental"]
 EMBED_BATCH_CHUNKS = 256
+AUTO_SAMPLE_DOCS = 50
+"""With ``embedder.backend: auto`` and no choice yet, the first ingest holds this many
+documents, chooses the embedder from their languages (``Services.choose_embedder``), then
+chunks and embeds them with it."""
 
 
 @dataclass
@@ -81,17 +85,37 @@ class _Indexer:
     def __init__(self, services: Services, report: RunReport) -> None:
         self.s = services
         self.report = report
-        emb = services.embedder
-        count = getattr(emb, "count_tokens", None)
-        cfg = services.settings.chunking
-        kwargs = {"count_tokens": count} if count is not None else {}
-        # A chunk longer than the model reads would be embedded truncated.
-        size = min(cfg.size_tokens, getattr(emb, "max_text_tokens", None) or cfg.size_tokens)
-        self.chunker = Chunker(size, min(cfg.overlap_tokens, size // 2), **kwargs)
+        # The embedder's tokenizer sizes the chunks, so an undecided ``auto`` embedder holds
+        # the first documents back until it is chosen.
+        self.chunker: Chunker | None = None if services.embedder_undecided else self._chunker()
+        self.held: list[tuple[Document, str, Fetched]] = []
         self.pending: list[_Pending] = []
         self.pending_chunks = 0
 
+    def _chunker(self) -> Chunker:
+        emb = self.s.embedder
+        count = getattr(emb, "count_tokens", None)
+        cfg = self.s.settings.chunking
+        kwargs = {"count_tokens": count} if count is not None else {}
+        # A chunk longer than the model reads would be embedded truncated.
+        size = min(cfg.size_tokens, getattr(emb, "max_text_tokens", None) or cfg.size_tokens)
+        return Chunker(size, min(cfg.overlap_tokens, size // 2), **kwargs)
+
+    def _choose(self) -> None:
+        held, self.held = self.held, []
+        choice = self.s.choose_embedder([doc.lang for doc, _, _ in held])
+        log.info("embedder chosen", extra={"embedder": choice})
+        _check_embedder(self.s)
+        self.chunker = self._chunker()
+        for item in held:
+            self.add(*item)
+
     def add(self, doc: Document, h: str, fetched: Fetched) -> None:
+        if self.chunker is None:
+            self.held.append((doc, h, fetched))
+            if len(self.held) >= AUTO_SAMPLE_DOCS:
+                self._choose()
+            return
         chunks = self.chunker.chunk(doc)
         self.pending.append(_Pending(doc, h, fetched, chunks))
         self.pending_chunks += len(chunks)
@@ -99,6 +123,8 @@ class _Indexer:
             self.flush()
 
     def flush(self) -> None:
+        if self.chunker is None and self.held:
+            self._choose()
         batch, self.pending, self.pending_chunks = self.pending, [], 0
         if not batch:
             return
@@ -158,7 +184,8 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
     started = time.monotonic()
     run_id = state.start_run(source, mode)
     try:
-        _check_embedder(services)
+        if not services.embedder_undecided:  # else checked once the first documents choose it
+            _check_embedder(services)
         known = state.documents(source)
         by_url = {d.url: d for d in known.values()}
         validators = {d.url: Validator(d.etag, d.last_modified) for d in known.values()}

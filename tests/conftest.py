@@ -77,6 +77,14 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "cache": {"backend": "off"},
     }
     base.update(overrides)
+    # Adaptive fusion weights (the default) are fitted to real models' cosines; the hash
+    # embedder's are character n-gram overlaps, so its tests fuse at fixed equal weights.
+    # test_language_aware.py tests adaptive fusion with the packaged models.
+    embedder = base["embedder"]
+    if isinstance(embedder, dict) and embedder.get("backend") == "hash":
+        retrieval = dict(base.get("retrieval") or {})  # type: ignore[call-overload]
+        retrieval.setdefault("weights", (1.0, 1.0))
+        base["retrieval"] = retrieval
     return Settings.load(None, **base)
 
 

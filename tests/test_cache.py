@@ -191,6 +191,20 @@ def test_a_miss_embeds_the_question_once(corpus, new_cache, monkeypatch):
     assert done(events).citations[0].doc_id == "docs:writing.md"  # retrieval still found it
 
 
+def test_a_question_the_embedder_cannot_rank_is_only_looked_up_exactly(corpus, new_cache):
+    """MiniLM is English-only: to it, "how do I read a file" and "how do I delete a file" in
+    Chinese are the same vector, so a Chinese question gets no semantic lookup."""
+    read, delete = "如何在Python中读取文件？", "如何在Python中删除文件？"
+    assert float(corpus.embedder.embed_query(read) @ corpus.embedder.embed_query(delete)) > 0.99
+    gen = Counting()
+    answerer = Answerer(corpus, generator=gen, cache=new_cache())
+    ask(answerer, read)
+    _, events = ask(answerer, delete)
+    assert done(events).cache == "miss" and gen.calls == 2
+    _, events = ask(answerer, read)
+    assert done(events).cache == "hit" and gen.calls == 2  # the exact lookup still serves it
+
+
 def test_the_semantic_threshold_and_the_numbers_guard(corpus, new_cache):
     gen = Counting()
     strict = Answerer(corpus, generator=gen, cache=new_cache(semantic_threshold=0.999))

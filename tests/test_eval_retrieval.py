@@ -89,14 +89,16 @@ def test_parse_variant_names_and_errors():
     v = parse_variant("rrf:w=1,0.5:k=20")
     assert (v.mode, v.rrf_k, v.weights, v.candidates) == ("rrf", 20.0, (1.0, 0.5), 100)
     assert v.name == "rrf:rrf_k=20:weights=1,0.5" and parse_variant(v.name) == v  # the name reads back
-    assert parse_variant("rrf:weights=1,1:rrf_k=60").name == "rrf"  # defaults are not named
+    assert parse_variant("rrf:weights=auto:rrf_k=60:lang=1").name == "rrf"  # defaults are not named
+    assert parse_variant("rrf:weights=1,1").name == "rrf:weights=1,1"  # fixed weights are named
+    assert parse_variant("rrf:lang=0").name == "rrf:lang=0" and not parse_variant("rrf:lang=0").language_aware
     assert parse_variant("hybrid:candidates=200").name == "hybrid:candidates=200"
     assert parse_variant("hybrid:c=50").depth == 50 and parse_variant("bm25").depth == 200
     named = parse_variant("best=rrf:weights=2,1", rrf_k=20)  # shared defaults fill the rest
     assert (named.name, named.weights, named.rrf_k) == ("best", (2.0, 1.0), 20.0)
     for bad, msg in [("dense", "modes"), ("bm25:weights=1,1", "does not apply"), ("rrf:weights=1", "weights"),
                      ("rrf:k=-1", "rrf_k"), ("rrf:depth=3", "KEY=VALUE"), ("hybrid:c=0", "candidates"),
-                     ("=rrf", "empty name")]:
+                     ("=rrf", "empty name"), ("rrf:lang=maybe", "lang"), ("bm25:lang=0", "does not apply")]:
         with pytest.raises(ConfigError, match=msg):
             parse_variant(bad)
 
@@ -110,7 +112,7 @@ def test_eval_variants_share_one_ingest(beir, tmp_path):
                                        "hybrid:candidates=5", "mine"]
     assert report["ingest"]["documents"] == 30  # ingested once
     assert report["variants"]["rrf"] == {"mode": "rrf", "depth": 100, "candidates": 100, "rrf_k": 30.0,
-                                         "weights": [1.0, 1.0]}
+                                         "weights": "auto", "language_aware": True}
     assert report["variants"]["vector-heavy"]["weights"] == [0.5, 2.0]
     assert report["variants"]["vector-heavy"]["rrf_k"] == 10.0
     assert report["variants"]["hybrid:candidates=5"]["depth"] == 5
@@ -119,7 +121,7 @@ def test_eval_variants_share_one_ingest(beir, tmp_path):
     assert all(bm25[m] == bm25_only[m] for m in ("recall@1", "recall@10", "mrr@10", "ndcg@10"))
     assert report["metrics"]["hybrid:candidates=5"]["recall@100"] <= 1.0
     with pytest.raises(ConfigError, match="two variants"):
-        run_retrieval_eval(beir, ["rrf"], HASH, variants=["rrf:weights=1,1"])
+        run_retrieval_eval(beir, ["rrf"], HASH, variants=["rrf:weights=auto"])
 
 
 def test_eval_queries_and_qrels_files(beir, tmp_path):
@@ -173,7 +175,8 @@ def test_cli_eval_variants_and_queries(beir, tmp_path):
                         catch_exceptions=False)
     assert res.exit_code == 0, res.output
     variants = json.loads(res.stdout)["variants"]
-    assert variants["rrf"] == {"mode": "rrf", "depth": 40, "candidates": 40, "rrf_k": 60.0, "weights": [2.0, 1.0]}
+    assert variants["rrf"] == {"mode": "rrf", "depth": 40, "candidates": 40, "rrf_k": 60.0, "weights": [2.0, 1.0],
+                               "language_aware": True}
     assert variants["rrf:candidates=40:rrf_k=20:weights=2,1"]["rrf_k"] == 20.0
 
     for bad, msg in [(["--weights", "1"], "--weights"), (["--variant", "rrf:x=1"], "KEY=VALUE"),

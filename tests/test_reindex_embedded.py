@@ -32,12 +32,15 @@ def site(tmp_path_factory, pydocs, static_server_factory):
 
 def test_embedded_default_reindexes_only_changed_pages(tmp_path, site, pydocs):
     settings = Settings.load(None, data_dir=tmp_path / "data", embedder={"progress": False})
-    assert settings.vector.backend == "milvus" and settings.embedder.backend == "sentence-transformers"
+    assert settings.vector.backend == "milvus" and settings.embedder.backend == "auto"
     services = Services(settings)
     try:
         services.state.add_source(source_from_argument(site["sitemap"], name="pydocs"))
         assert services.state.source("pydocs").kind == "sitemap"
         first = reindex(services, "pydocs", "full")
+        # English pages: the first ingest chose the English MiniLM, and recorded why.
+        assert services.embedder_settings.backend == "sentence-transformers"
+        assert services.embedder_choice()["reason"].startswith("chosen at the first ingest: 0% of its first")
         n = len(site["pages"])
         assert (first.added, first.failed, first.deleted) == (n, 0, 0)
         docs, chunks = services.state.counts()

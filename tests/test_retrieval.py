@@ -166,7 +166,8 @@ def test_bad_arguments_are_config_errors(indexed):
 
 def test_cli_search_mode_rrf_explain_shows_both_legs(indexed):
     env = {"RAG_DATA_DIR": str(indexed.data_dir), "RAG_EMBEDDER__BACKEND": "hash",
-           "RAG_EMBEDDER__DIM": "256", "RAG_VECTOR__BACKEND": "numpy", "RAG_CONFIG": ""}
+           "RAG_EMBEDDER__DIM": "256", "RAG_VECTOR__BACKEND": "numpy", "RAG_CONFIG": "",
+           "RAG_RETRIEVAL__WEIGHTS": "[1, 1]"}
     _, body = doc_text(5)
     res = CliRunner().invoke(cli, ["search", body.split(".")[0], "--mode", "rrf", "--explain", "-k", "3"],
                              env=env, catch_exceptions=False)
@@ -174,7 +175,9 @@ def test_cli_search_mode_rrf_explain_shows_both_legs(indexed):
     legs = [line for line in res.stdout.splitlines() if line.strip().startswith("legs:")]
     assert len(legs) == 3
     assert "bm25 " in legs[0] and "vector " in legs[0] and "(rank 1)" in legs[0] and "rrf " in legs[0]
-    assert res.stdout.startswith("[1] Note zorfaith")
+    lines = res.stdout.splitlines()
+    assert lines[0] == "language en; weights bm25 1.0, vector 1.0: the configured weights"
+    assert lines[1].startswith("[1] Note zorfaith")
     steps = [line for line in res.stdout.splitlines() if line.startswith("steps: ")]
     assert len(steps) == 1 and "bm25 " in steps[0] and "vector " in steps[0]
     res = CliRunner().invoke(cli, ["search", body.split(".")[0], "-k", "2", "--json"], env=env,

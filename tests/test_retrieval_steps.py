@@ -64,11 +64,13 @@ def test_from_services_reads_the_retrieval_settings(indexed):
     assert (retriever.mode, retriever.candidates, retriever.rrf_k) == ("hybrid", 7, 5.0)
     assert retriever.recency_half_life_days == 10.0
     assert isinstance(retriever.reranker, EmbeddingReranker) and isinstance(retriever.reranker, Reranker)
-    assert retriever.weights == (1.0, 1.0)  # the hash embedder: equal weights
-    use = indexed.settings.model_copy(update={"embedder": indexed.settings.embedder.model_copy(update={"backend": "use"})})
-    indexed.settings, saved = use, indexed.settings
+    assert retriever.weights == (1.0, 1.0)  # pinned for the hash embedder by tests.conftest.make_settings
+    unset = indexed.settings.model_copy(update={"retrieval": indexed.settings.retrieval.model_copy(
+        update={"weights": None, "language_aware": False})})
+    indexed.settings, saved = unset, indexed.settings
     try:
-        assert HybridRetriever.from_services(indexed).weights == (1.0, 0.5)
+        retriever = HybridRetriever.from_services(indexed)
+        assert retriever.weights is None and retriever.language_aware is False  # None: adaptive per query
         assert HybridRetriever.from_services(indexed, weights=(2.0, 1.0)).weights == (2.0, 1.0)
     finally:
         indexed.settings = saved

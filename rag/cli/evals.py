@@ -31,7 +31,8 @@ def eval_group() -> None:
               f"and --weights. [default: {','.join(MODE_NAMES)}, or none when --variant is given]")
 @click.option("--variant", "-V", "variants", multiple=True, metavar="[NAME=]MODE[:KEY=VALUE]...",
               help="Also run this variant on the same ingest; repeatable. KEYs: candidates (c), rrf_k (k), "
-              "weights (w, as BM25,VECTOR). E.g. 'rrf:weights=1,0.5:rrf_k=20', 'hybrid:c=200', "
+              "weights (w, as BM25,VECTOR or auto), lang (1 or 0: drop the vector leg for a question in "
+              "a language the embedder does not cover). E.g. 'rrf:weights=1,0.5:rrf_k=20', 'hybrid:c=200', "
               "'best=rrf:w=2,1'. Unnamed variants are named by their non-default parameters.")
 @click.option("--limit", "-n", type=click.IntRange(1), help="Only the first N judged queries.")
 @click.option("--candidates", type=click.IntRange(1, 10000),
@@ -40,8 +41,8 @@ def eval_group() -> None:
 @click.option("--rrf-k", type=click.FloatRange(0),
               help="Damping constant of rank fusion (rrf). [default: the settings' retrieval.rrf_k, 60]")
 @click.option("--weights", metavar="BM25,VECTOR",
-              help="Rank-fusion weights of the BM25 and vector legs (rrf). [default: the settings' "
-              "retrieval.weights, else the embedder's default]")
+              help="Rank-fusion weights of the BM25 and vector legs (rrf), or 'auto' for adaptive weights "
+              "per query. [default: the settings' retrieval.weights, else auto]")
 @click.option("--queries", "queries_file", type=click.Path(exists=True, dir_okay=False),
               help="A queries.jsonl to use instead of DATASET_DIR's (e.g. another language's questions).")
 @click.option("--qrels", "qrels_file", type=click.Path(exists=True, dir_okay=False),
@@ -87,27 +88,22 @@ def retrieval(obj: Context, dataset_dir: str, modes: str | None, variants: tuple
     rrf_k = rrf_k if rrf_k is not None else configured["rrf_k"]
     report = run_retrieval_eval(dataset_dir, chosen, overrides, limit_queries=limit,
                                 candidates=candidates, rrf_k=rrf_k, weights=shared_weights,
+                                language_aware=configured["language_aware"],
                                 variants=list(variants), queries_file=queries_file,
                                 qrels_file=qrels_file, config_file=obj.config, per_query=per_query)
     emit(report, as_json, _table)
 
 
 def _configured(config: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The deployment's retrieval parameters: the settings', with weights by embedder when unset."""
+    """The deployment's retrieval parameters (weights ``None``: adaptive per query)."""
     from rag.config import Settings
 
     settings = Settings.load(config, **overrides)
     cfg = settings.retrieval
-    weights = getattr(cfg, "weights", None)
-    if weights is None:
-        try:
-            from rag.retrieval.hybrid import default_weights
-        except ImportError:  # before per-embedder defaults
-            weights = (1.0, 1.0)
-        else:
-            weights = default_weights(settings.embedder.backend)
+    weights = cfg.weights
     return {"candidates": cfg.candidates, "rrf_k": float(cfg.rrf_k),
-            "weights": (float(weights[0]), float(weights[1]))}
+            "weights": None if weights is None else (float(weights[0]), float(weights[1])),
+            "language_aware": cfg.language_aware}
 
 
 def _table(r: dict[str, Any]) -> str:
@@ -128,7 +124,8 @@ def _table(r: dict[str, Any]) -> str:
         fused = next((v for v in shared if v["mode"] == "rrf"), None)
         cand = next(v["candidates"] for v in shared if "candidates" in v)
         lines.append(f"modes: candidates {cand}" + (
-            f", rrf_k {fused['rrf_k']:g}, weights {','.join(f'{w:g}' for w in fused['weights'])}"
+            f", rrf_k {fused['rrf_k']:g}, weights " + (
+                "auto" if fused["weights"] == "auto" else ",".join(f"{w:g}" for w in fused["weights"]))
             if fused else ""))
     for row in [head, *rows]:
         lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)

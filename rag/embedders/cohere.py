@@ -29,6 +29,7 @@ import numpy as np
 
 from rag.embedders import one_line, unit_rows
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError, RagError
+from rag.lang import model_languages
 
 if TYPE_CHECKING:
     from rag.config import EmbedderSettings
@@ -144,6 +145,7 @@ class CohereEmbedder:
                  timeout_s: float = 30.0, max_retries: int = 3, batch_size: int = MAX_TEXTS_PER_CALL) -> None:
         self.model = model or DEFAULT_MODEL
         self.name = f"cohere:{self.model}"
+        self.languages = model_languages(self.model)  # embed-english-*: English; the rest: any
         self.batch_size = max(1, min(batch_size, MAX_TEXTS_PER_CALL))
         self._dim = KNOWN_DIMS.get(self.model)
         self.api = CohereApi(role="Cohere embed", setting="embedder", error=EmbedderError, api_key=api_key,

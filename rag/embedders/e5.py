@@ -51,6 +51,7 @@ class E5Embedder:
         )
         self.name = f"e5:{model}-q4"
         self.dim = 384
+        self.languages: frozenset[str] | None = None  # ~100 languages
         self._lock = threading.Lock()
         self._model: Any = None
         self._overhead: int | None = None

@@ -47,6 +47,7 @@ class HashEmbedder:
         if ngram < 0:
             raise ValueError("ngram must be 0 (no character n-grams) or more")
         self.dim = dim
+        self.languages: frozenset[str] | None = None  # character n-grams: any script
         self.ngram = ngram
         self.seed = seed
         self.name = f"hash:d{dim}-n{ngram}-s{seed}"

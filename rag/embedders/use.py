@@ -44,6 +44,7 @@ class UniversalSentenceEncoderEmbedder:
 
     name = "use:multilingual-v3"
     dim = 512
+    languages: frozenset[str] | None = None  # 16 languages, Chinese and English among them
     max_seq_length: int | None = None
 
     def __init__(

@@ -5,8 +5,16 @@
 * ``hybrid``: BM25 finds ``candidates`` chunks (filters applied) and the reranker reorders
   them; the default reranker is cosine similarity to the query embedding, from the local
   vector cache when there is one. When no keyword matches, it falls back to ``vector``.
-* ``rrf``: the BM25 and vector top ``candidates`` fused by reciprocal rank fusion. A model
-  reranker (Cohere, cross-encoder), when configured, then reorders the fused candidates.
+* ``rrf``: the BM25 and vector top ``candidates`` fused by reciprocal rank fusion, with
+  weights per query from the shape of each leg's scores (:mod:`rag.retrieval.adaptive`) unless
+  fixed ``weights`` are given. A model reranker (Cohere, cross-encoder), when configured,
+  then reorders the fused candidates.
+
+A query in a language that the embedder does not cover (``Embedder.languages``: MiniLM ranks
+only English) gets no vector leg in ``rrf`` and no cosine reorder in ``hybrid``: such a
+ranking is close to random, and fusing it drags BM25 down (Chinese XQuAD with MiniLM: BM25
+0.96 nDCG@10, equal-weight RRF 0.56). ``Retrieval.fusion`` says which weights a query got and
+why; ``ragqa search --explain`` prints it.
 
 After ranking, an optional recency boost raises recently modified chunks, and near-duplicate
 chunks (the same text, or overlapping chunks of one document) are dropped.
@@ -35,7 +43,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 
 from rag.errors import ConfigError
+from rag.lang import LANG_NAMES, covers, detect_lang
 from rag.rerank import EmbeddingReranker, make_reranker
+from rag.retrieval.adaptive import Leg, adaptive_weights
 from rag.retrieval.fusion import rrf
 from rag.retrieval.postprocess import boost_recent, drop_near_duplicates
 from rag.types import Filters, Hit, Reranker
@@ -43,7 +53,7 @@ from rag.types import Filters, Hit, Reranker
 if TYPE_CHECKING:
     from rag.services import Services
 
-__all__ = ["MODES", "HybridRetriever", "Mode", "Retrieval", "default_weights"]
+__all__ = ["MODES", "HybridRetriever", "Mode", "Retrieval"]
 
 Mode = Literal["bm25", "vector", "hybrid", "rrf"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -55,6 +65,8 @@ class Retrieval:
 
     hits: list[Hit]
     timings: dict[str, float] = field(default_factory=dict)
+    fusion: dict[str, Any] = field(default_factory=dict)
+    """``lang`` (the query's), ``weights`` (bm25, vector) as used, and ``why`` in words."""
 
 
 class _Clock:
@@ -71,9 +83,11 @@ class _Clock:
 class HybridRetriever:
     """Runs one retrieval mode against a deployment's indexes, then reranks and tidies.
 
-    ``weights`` are the (BM25, vector) weights of rank fusion; ``rrf_k`` is its damping
-    constant. ``reranker`` is the hybrid mode's second step (default: embedding cosine);
-    a non-embedding reranker also reorders the other modes' candidates. Construction is
+    ``weights`` are the (BM25, vector) weights of rank fusion, ``None`` for adaptive weights
+    per query; ``rrf_k`` is its damping constant. ``language_aware`` drops the vector leg for a
+    query in a language the embedder does not cover. ``reranker`` is the hybrid mode's second
+    step (default: embedding cosine); a non-embedding reranker also reorders the other modes'
+    candidates. Construction is
     cheap and connects to nothing.
 
     Example::
@@ -82,30 +96,31 @@ class HybridRetriever:
     """
 
     def __init__(self, services: Services, *, mode: str = "hybrid", candidates: int = 100,
-                 rrf_k: float = 60, weights: Sequence[float] = (1.0, 1.0),
+                 rrf_k: float = 60, weights: Sequence[float] | None = None,
                  reranker: Reranker | None = None, recency_half_life_days: float | None = None,
                  recency_weight: float = 0.2, dedup_threshold: float | None = 0.8,
-                 now: datetime | None = None) -> None:
+                 now: datetime | None = None, language_aware: bool = True) -> None:
         if mode not in MODES:
             raise ConfigError(f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}")
         if candidates < 1:
             raise ConfigError(f"candidates must be at least 1, got {candidates}")
         if rrf_k < 0:
             raise ConfigError(f"rrf_k must be >= 0, got {rrf_k}")
-        if len(weights) != 2:
-            raise ConfigError(f"weights must be (bm25, vector), got {tuple(weights)!r}")
+        if weights is not None and (len(weights) != 2 or min(weights) < 0 or not any(weights)):
+            raise ConfigError(f"weights must be (bm25, vector), non-negative and not both 0, got {tuple(weights)!r}")
         if recency_half_life_days is not None and recency_half_life_days <= 0:
             raise ConfigError(f"recency half-life must be > 0 days, got {recency_half_life_days}")
         self.services = services
         self.mode = mode
         self.candidates = candidates
         self.rrf_k = rrf_k
-        self.weights = (float(weights[0]), float(weights[1]))
+        self.weights = None if weights is None else (float(weights[0]), float(weights[1]))
         self.reranker: Reranker = reranker if reranker is not None else EmbeddingReranker(services)
         self.recency_half_life_days = recency_half_life_days
         self.recency_weight = recency_weight
         self.dedup_threshold = dedup_threshold
         self.now = now
+        self.language_aware = language_aware
 
     @classmethod
     def from_services(cls, services: Services, **overrides: Any) -> HybridRetriever:
@@ -113,9 +128,9 @@ class HybridRetriever:
         cfg = services.settings.retrieval
         options: dict[str, Any] = {
             "mode": cfg.mode, "candidates": cfg.candidates, "rrf_k": cfg.rrf_k,
-            "weights": cfg.weights or default_weights(services.settings.embedder.backend),
+            "weights": cfg.weights,
             "recency_half_life_days": cfg.recency_half_life_days, "recency_weight": cfg.recency_weight,
-            "dedup_threshold": cfg.dedup_threshold,
+            "dedup_threshold": cfg.dedup_threshold, "language_aware": cfg.language_aware,
         }
         options.update(overrides)
         if "reranker" not in options:
@@ -137,8 +152,12 @@ class HybridRetriever:
         if k <= 0:
             return Retrieval([], clock.timings)
         n = max(self.candidates, k)
+        fusion = self._fusion(query)
+        clock.lap("lang")
+        use_vectors = fusion["weights"][1] > 0
         qvec: np.ndarray | None = query_vector
-        if qvec is None and (self.mode in ("vector", "rrf") or (self.mode == "hybrid" and self._embedding_rerank)):
+        if qvec is None and (self.mode == "vector" or (use_vectors and self.mode == "rrf")
+                             or (self.mode == "hybrid" and use_vectors and self._embedding_rerank)):
             qvec = self.services.embedder.embed_query(query)
             clock.lap("embed")
         if self.mode == "bm25":
@@ -156,15 +175,20 @@ class HybridRetriever:
                     clock.lap("embed")
                 hits = self._vector(qvec, n, filters)
                 clock.lap("vector")
-            else:
+            elif use_vectors or not self._embedding_rerank:
                 hits = self._rerank(query, self._hydrate(hits), qvec)
                 clock.lap("rerank")
         else:
             lexical = self._lexical(query, n, filters)
             clock.lap("bm25")
-            vector = self._vector(qvec, n, filters)
-            clock.lap("vector")
-            hits = self._fuse(lexical, vector)
+            vector: list[Hit] = []
+            if use_vectors:
+                vector = self._vector(qvec, n, filters)
+                clock.lap("vector")
+                if self.weights is None:
+                    fusion = self._adapt(query, lexical, vector, fusion)
+                    clock.lap("weights")
+            hits = self._fuse(lexical, vector, fusion["weights"])
             clock.lap("fuse")
             if not self._embedding_rerank:  # a model reranker reorders the fused candidates
                 hits = self._rerank(query, self._hydrate(hits[:n]), qvec)
@@ -176,7 +200,35 @@ class HybridRetriever:
         if self.dedup_threshold is not None:
             hits = drop_near_duplicates(hits, self.dedup_threshold, limit=k)
         clock.lap("tidy")
-        return Retrieval(hits[:k], clock.timings)
+        return Retrieval(hits[:k], clock.timings, fusion)
+
+    def _fusion(self, query: str) -> dict[str, Any]:
+        """The (bm25, vector) weights for ``query`` before retrieval, and why (adaptive weights
+        are refined by :meth:`_adapt` once both legs are in)."""
+        lang = detect_lang(query)
+        bm25, vec = self.weights or (0.5, 0.5)
+        if self.mode == "bm25":
+            return {"lang": lang, "weights": (1.0, 0.0), "why": "bm25 mode: keyword search alone"}
+        if self.mode == "vector":
+            return {"lang": lang, "weights": (0.0, 1.0), "why": "vector mode: nearest neighbours alone"}
+        embedder = self.services.embedder
+        languages = getattr(embedder, "languages", None)
+        if self.language_aware and not covers(languages, lang):
+            return {"lang": lang, "weights": (bm25 if bm25 > 0 else 1.0, 0.0),
+                    "why": f"the question is in {LANG_NAMES.get(lang, lang)}, which the embedder "
+                           f"{embedder.name} does not rank ({', '.join(sorted(languages or ()))} only): "
+                           "keyword search alone"}
+        if self.mode == "hybrid":
+            return {"lang": lang, "weights": (bm25, vec), "why": "hybrid mode: keyword candidates, reordered"}
+        return {"lang": lang, "weights": (bm25, vec), "why": "the configured weights"}
+
+    @staticmethod
+    def _adapt(query: str, lexical: list[Hit], vector: list[Hit], fusion: dict[str, Any]) -> dict[str, Any]:
+        legs = [Leg([h.doc_id or h.chunk_id for h in hits], [h.score for h in hits]) for hits in (lexical, vector)]
+        weights = adaptive_weights(legs[0], legs[1], query)
+        lead = "the vector leg" if weights[1] > weights[0] else "BM25"
+        return {**fusion, "weights": weights,
+                "why": f"adaptive: {lead} leads, from the shape of each leg's scores (rag.retrieval.adaptive)"}
 
     @property
     def _embedding_rerank(self) -> bool:
@@ -200,7 +252,7 @@ class HybridRetriever:
             return self.reranker.rerank(query, hits, query_vector=qvec)
         return self.reranker.rerank(query, hits)
 
-    def _fuse(self, lexical: list[Hit], vector: list[Hit]) -> list[Hit]:
+    def _fuse(self, lexical: list[Hit], vector: list[Hit], weights: tuple[float, float]) -> list[Hit]:
         by_id: dict[str, Hit] = {}
         explain: dict[str, dict[str, float]] = {}
         for h in lexical + vector:
@@ -208,7 +260,7 @@ class HybridRetriever:
                 by_id[h.chunk_id] = h
             explain.setdefault(h.chunk_id, {}).update(h.explain)
         fused = rrf([[h.chunk_id for h in lexical], [h.chunk_id for h in vector]],
-                    k=self.rrf_k, weights=self.weights)
+                    k=self.rrf_k, weights=weights)
         return [Hit(cid, score, by_id[cid].doc_id, by_id[cid].chunk, {**explain[cid], "rrf": score})
                 for cid, score in fused]
 
@@ -224,16 +276,6 @@ class HybridRetriever:
             out.append(h if (chunk is h.chunk and doc_id == h.doc_id)
                        else Hit(h.chunk_id, h.score, doc_id, chunk, h.explain))
         return out
-
-
-def default_weights(embedder_backend: str) -> tuple[float, float]:
-    """RRF (bm25, vector) weights when the settings name none.
-
-    Measured (nDCG@10): with MiniLM, equal weights are best on Cranfield (0.402 against
-    0.395 at 1, 0.5); with USE, halving the vector leg is best on Cranfield (0.360 against
-    0.333) and on RGB-zh (0.507 against 0.481), where USE alone scores far below BM25.
-    """
-    return (1.0, 0.5) if embedder_backend == "use" else (1.0, 1.0)
 
 
 def _unique(hits: Sequence[Hit]) -> list[Hit]:
