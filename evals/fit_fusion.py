@@ -27,6 +27,7 @@ import numpy as np
 from rag.lang import covers, detect_lang, model_languages
 from rag.retrieval.adaptive import FEATURES, Leg, adaptive_weights, features
 from rag.retrieval.fusion import rrf
+from rag.retrieval.hybrid import UNCOVERED_SHARE
 
 DEPTH = 10
 ROUNDS = 10_000
@@ -82,8 +83,10 @@ def load(folder: Path) -> dict[str, dict]:
 
 
 def gate(data: dict, q: dict, weights: tuple[float, float]) -> tuple[float, float]:
-    """The language gate of the retriever: no vector leg for a language the model lacks."""
-    return weights if covers(data["languages"], detect_lang(q["text"])) else (weights[0], 0.0)
+    """The retriever's language gate: a vector leg whose model lacks the query's language keeps
+    ``UNCOVERED_SHARE`` of its weight."""
+    covered = covers(data["languages"], detect_lang(q["text"]))
+    return weights if covered else (weights[0], weights[1] * UNCOVERED_SHARE)
 
 
 def fit(rows: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
@@ -112,6 +115,7 @@ def training_rows(data: dict) -> list[tuple[np.ndarray, float]]:
 
 def report(sets: dict[str, dict], coefs: dict[str, tuple[np.ndarray, float] | None]) -> None:
     print("| set | queries | bm25 | vector | rrf 1,1 | rrf 1,0.5 | adaptive | Δ vs best leg (p) | mean w_vec |")
+    # rrf and adaptive columns apply the retriever's language gate (UNCOVERED_SHARE).
     print("|---|---|---|---|---|---|---|---|---|")
     for name, data in sets.items():
         qs = data["queries"]
@@ -125,10 +129,7 @@ def report(sets: dict[str, dict], coefs: dict[str, tuple[np.ndarray, float] | No
             scores[label] = np.array([evaluate(q, rule) for q in qs])
 
         def adaptive(q: dict) -> tuple[float, float]:
-            if not covers(data["languages"], detect_lang(q["text"])):
-                w = (1.0, 0.0)
-            else:
-                w = adaptive_weights(*legs(q), q["text"], **kw)
+            w = gate(data, q, adaptive_weights(*legs(q), q["text"], **kw))
             wvec.append(w[1] / (w[0] + w[1]))
             return w
 

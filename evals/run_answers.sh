@@ -40,6 +40,7 @@ PREV="$Q15 $WIDE RAG_PROMPT__EXAMPLES=[] RAG_CACHE__BACKEND=off"
 NEW="RAG_CACHE__BACKEND=off"
 USE=RAG_EMBEDDER__BACKEND=use
 FOCUS="RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=3 RAG_RETRIEVAL__FOCUS_SENTENCES=3"
+RETR_OLD="RAG_EMBEDDER__BACKEND=sentence-transformers RAG_RETRIEVAL__WEIGHTS=[1,1] RAG_RETRIEVAL__LANGUAGE_AWARE=false"
 declare -A RUNS=(
   [xquad-en-extractive]="$XQ_EN 150 150 RAG_GENERATOR__BACKEND=extractive"
   [xquad-zh-extractive]="$XQ_ZH 150 150 RAG_GENERATOR__BACKEND=extractive $USE"
@@ -66,6 +67,12 @@ declare -A RUNS=(
   [xquad-zh-f2s2]="$XQ_ZH 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=2 RAG_RETRIEVAL__FOCUS_SENTENCES=2 $USE"
   [xquad-en-f3s2]="$XQ_EN 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=3 RAG_RETRIEVAL__FOCUS_SENTENCES=2"
   [xquad-zh-f3s2]="$XQ_ZH 100 0 $NEW RAG_RETRIEVAL__MAX_CONTEXT_CHUNKS=3 RAG_RETRIEVAL__FOCUS_SENTENCES=2 $USE"
+  # retrieval without settings: the previous default as a user got it (MiniLM for every language,
+  # equal rrf weights, no language gate) against auto embedder + adaptive weights + the gate
+  [xquad-en-retr-old]="$XQ_EN 100 10 $NEW $RETR_OLD"
+  [xquad-zh-retr-old]="$XQ_ZH 100 10 $NEW $RETR_OLD"
+  [xquad-en-retr-new]="$XQ_EN 100 10 $NEW"
+  [xquad-zh-retr-new]="$XQ_ZH 100 10 $NEW"
   [xquad-en-q05]="$XQ_EN 100 10 $NEW $Q05"
   [xquad-zh-q05]="$XQ_ZH 100 10 $NEW $Q05 $USE"
 )

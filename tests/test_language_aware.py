@@ -18,6 +18,7 @@ from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.lang import detect_lang, model_languages
 from rag.retrieval import HybridRetriever
+from rag.retrieval.hybrid import UNCOVERED_SHARE
 from rag.retrieval.adaptive import Leg, adaptive_weights
 from rag.services import Services
 from tests.conftest import make_settings
@@ -84,12 +85,15 @@ def test_a_chinese_question_skips_an_english_only_vector_leg(chinese_on_minilm):
     assert services.embedder.languages == frozenset({"en"})
     question = questions[0][0]
     result = HybridRetriever.from_services(services, dedup_threshold=None).search(question, k=10)
-    assert result.fusion["lang"] == "zh" and result.fusion["weights"][1] == 0.0
-    assert "does not rank" in result.fusion["why"] and "embed_ms" not in result.timings
-    bm25 = HybridRetriever(services, mode="bm25", dedup_threshold=None).retrieve(question, k=10)
-    assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in bm25]
+    bm25_w, vector_w = result.fusion["weights"]
+    assert result.fusion["lang"] == "zh" and 0 < vector_w <= UNCOVERED_SHARE * (bm25_w + vector_w)
+    assert "does not rank" in result.fusion["why"] and "keeps 3% of its weight" in result.fusion["why"]
     ungated = HybridRetriever.from_services(services, language_aware=False).search(question, k=10)
-    assert ungated.fusion["weights"][1] > 0 and "embed_ms" in ungated.timings
+    assert ungated.fusion["weights"][1] > 10 * vector_w
+    hybrid = HybridRetriever(services, mode="hybrid", dedup_threshold=None).search(question, k=10)
+    bm25 = HybridRetriever(services, mode="bm25", dedup_threshold=None).retrieve(question, k=10)
+    assert [h.chunk_id for h in hybrid.hits] == [h.chunk_id for h in bm25]  # not reordered by cosine
+    assert "embed_ms" not in hybrid.timings and hybrid.fusion["weights"] == (1.0, 0.0)
 
 
 def test_the_gate_keeps_chinese_retrieval_at_bm25_quality(chinese_on_minilm):
@@ -100,7 +104,7 @@ def test_the_gate_keeps_chinese_retrieval_at_bm25_quality(chinese_on_minilm):
     default = _mrr(HybridRetriever.from_services(services, dedup_threshold=None), questions)
     ungated = _mrr(HybridRetriever.from_services(services, dedup_threshold=None, language_aware=False),
                    questions)
-    assert default == pytest.approx(bm25)
+    assert default >= bm25 - 0.01, (default, bm25)
     assert ungated < bm25 - 0.02, (ungated, bm25)
 
 
@@ -112,7 +116,8 @@ def test_search_explain_prints_the_weights_and_why(chinese_on_minilm):
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     first = res.stdout.splitlines()[0]
-    assert first.startswith("language zh; weights bm25 0.5, vector 0.0: the question is in Chinese")
+    assert first.startswith("language zh; weights bm25 ") and "the question is in Chinese" in first
+    assert first.endswith("the vector leg keeps 3% of its weight (adaptive: rag.retrieval.adaptive)")
     res = CliRunner().invoke(cli, ["search", "Who won the game?", "--explain", "-k", "2", "--json"], env=env,
                              catch_exceptions=False)
     fusion = json.loads(res.stdout)["fusion"]  # an English question: MiniLM ranks it, fused adaptively
