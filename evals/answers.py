@@ -289,15 +289,17 @@ def _prepare_index(base: Settings, ds: _Dataset, home: Path, progress: bool) -> 
 
 
 def _index_snapshot(settings: Settings) -> dict[str, Any]:
-    """Documents, chunks and the live lexical generation of the index the run answered from."""
+    """Documents, chunks, the embedder (as the first ingest recorded it: ``auto`` resolves
+    there) and the live lexical generation of the index the run answered from."""
     from ingest.state import StateDB
 
     state = StateDB(Path(settings.data_dir) / "state.db")
     try:
         documents, chunks = state.counts()
+        embedder = state.get_meta("embedder")
     finally:
         state.close()
-    out: dict[str, Any] = {"documents": documents, "chunks": chunks}
+    out: dict[str, Any] = {"documents": documents, "chunks": chunks, "embedder": embedder}
     if settings.lexical.backend == "tantivy":
         from rag.lexical.tantivy_generations import live_generation
 

@@ -77,6 +77,7 @@ def log_run(run_dir: Path, summary: Mapping[str, Any], settings: Settings) -> st
     tags = {"dataset": summary.get("dataset"), "generator": summary.get("generator"), "model": summary.get("model"),
             "quantization": summary.get("quantization"), "index.documents": index.get("documents"),
             "index.chunks": index.get("chunks"), "index.generation": index.get("lexical_generation"),
+            "index.embedder": index.get("embedder"),
             "run_dir": str(run_dir), "sample": summary.get("sample"), "seed": summary.get("seed")}
     run = client.create_run(experiment_id, run_name=run_dir.name,
                             tags={k: str(v) for k, v in tags.items() if v is not None})

@@ -63,6 +63,7 @@ def test_every_question_is_answered_scored_and_recorded(dataset: Path, tmp_path:
     answers = [r for r in rows if r["pass"] == "answer"]
     assert summary["questions"] == len(answers) == 20 and summary["abstention_questions"] == 20
     assert summary["generator"] == "extractive" and summary["index"]["documents"] == 30
+    assert summary["index"]["embedder"] == "hash:d256-n3-s0:256"  # the model the index was built with
     assert summary["errors"] == 0 and summary["degraded"] == 0
     for row in answers:
         retrieved = [chunk for chunk, _ in row["retrieved"]]
@@ -186,6 +187,7 @@ def test_runs_are_logged_to_mlflow(dataset: Path, tmp_path: Path) -> None:
     assert run.data.params["generator.backend"] == "extractive"
     assert run.data.params["retrieval.mode"] == "rrf"
     assert run.data.tags["index.chunks"] == str(summary["index"]["chunks"])
+    assert run.data.tags["index.embedder"] == summary["index"]["embedder"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"rows.jsonl", "summary.json", "config.json"} <= artifacts
 
