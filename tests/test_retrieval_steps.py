@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
-from rag.config import Settings
+from rag.config import RerankerSettings, Settings
 from rag.errors import ConfigError
-from rag.rerank import CrossEncoderReranker, EmbeddingReranker, make_reranker
+from rag.rerank import CrossEncoderReranker, EmbeddingReranker, KeepOrder, make_reranker
 from rag.retrieval import HybridRetriever, boost_recent, drop_near_duplicates
 from rag.types import Chunk, Hit, Reranker
 from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
@@ -126,8 +127,30 @@ def test_search_reports_step_timings(indexed):
     assert all(v >= 0 for v in result.timings.values())
 
 
+def test_reranker_none_keeps_the_keyword_order(indexed):
+    """``reranker.backend: none`` used to behave like ``embedding``: hybrid reordered by cosine."""
+    query = "copper violin harbor meadow"
+    none = indexed.settings.model_copy(update={"retrieval": indexed.settings.retrieval.model_copy(
+        update={"mode": "hybrid", "reranker": RerankerSettings(backend="none")})})
+    indexed.settings, saved = none, indexed.settings
+    try:
+        retriever = HybridRetriever.from_services(indexed, dedup_threshold=None)
+        result = retriever.search(query, k=10)
+    finally:
+        indexed.settings = saved
+    bm25 = HybridRetriever(indexed, mode="bm25", dedup_threshold=None).retrieve(query, k=10)
+    assert retriever.reranker.name == "none" and "embed_ms" not in result.timings
+    assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in bm25]
+    assert not any("cosine" in h.explain for h in result.hits)
+    cosine = HybridRetriever(indexed, mode="hybrid", dedup_threshold=None).retrieve(query, k=10)
+    assert [h.chunk_id for h in cosine] != [h.chunk_id for h in bm25]  # the default does reorder
+
+
 def test_reranker_settings_build_the_right_reranker(indexed):
     assert isinstance(make_reranker(indexed), EmbeddingReranker)
+    none = indexed.settings.model_copy(update={"retrieval": indexed.settings.retrieval.model_copy(
+        update={"reranker": RerankerSettings(backend="none")})})
+    assert isinstance(make_reranker(SimpleNamespace(settings=none)), KeepOrder)
     with pytest.raises(ConfigError, match="reranker.model is required"):
         Settings.load(None, retrieval={"reranker": {"backend": "cross-encoder"}})
     ce = CrossEncoderReranker("/nonexistent/cross-encoder")

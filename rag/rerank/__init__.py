@@ -5,6 +5,7 @@
 - :class:`CohereReranker` (``cohere``): Cohere's rerank API through the ``cohere`` SDK.
 - :class:`CrossEncoderReranker` (``cross-encoder``): a sentence-transformers ``CrossEncoder``
   from a local folder or hub id, for teams that have one.
+- :class:`KeepOrder` (``none``): no second stage; ``hybrid`` keeps BM25's order.
 
 Example::
 
@@ -15,22 +16,33 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rag.errors import ConfigError
-from rag.types import Reranker
+from rag.types import Hit, Reranker
 
 if TYPE_CHECKING:
     from rag.services import Services
 
-__all__ = ["make_reranker", "EmbeddingReranker", "CrossEncoderReranker", "CohereReranker"]
+__all__ = ["make_reranker", "EmbeddingReranker", "CrossEncoderReranker", "CohereReranker", "KeepOrder"]
 
 
-def make_reranker(services: Services) -> Reranker | None:
-    """The reranker that ``services.settings.retrieval.reranker`` names; ``None`` for ``none``."""
+class KeepOrder:
+    """The reranker of ``reranker.backend: none``: candidates stay in the order they came."""
+
+    name = "none"
+
+    def rerank(self, query: str, hits: Sequence[Hit], top_n: int | None = None) -> list[Hit]:
+        return list(hits if top_n is None else hits[:top_n])
+
+
+def make_reranker(services: Services) -> Reranker:
+    """The reranker that ``services.settings.retrieval.reranker`` names (:class:`KeepOrder` for
+    ``none``)."""
     cfg = services.settings.retrieval.reranker
     if cfg.backend == "none":
-        return None
+        return KeepOrder()
     if cfg.backend == "embedding":
         return EmbeddingReranker(services)
     if cfg.backend == "cross-encoder":
