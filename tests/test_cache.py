@@ -12,6 +12,7 @@ The Redis tests need ``RAG_TEST_REDIS_URL`` (``scripts/test.sh`` starts a throwa
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -22,9 +23,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from click.testing import CliRunner
 
 from ingest.pipeline import reindex
 from rag.answer import Answerer, AnswerEvent
+from rag.cli import cli
 from rag.cache import (
     AnswerCacheLayer,
     CachedAnswer,
@@ -367,6 +370,24 @@ def _cache_count(http: httpx.Client, url: str, result: str) -> float:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=60) as c:
         yield c
+
+
+@pytest.mark.skipif(not REDIS_URL, reason=NO_REDIS)
+def test_ragqa_ask_json_says_when_the_shared_cache_answered(corpus):
+    """``ragqa ask --json`` used to print ``cache: "miss"`` whatever the cache did."""
+    prefix = f"ragqa-test-cache:{uuid.uuid4().hex[:8]}"
+    env = {"RAG_DATA_DIR": str(corpus.data_dir), "RAG_EMBEDDER__BACKEND": "sentence-transformers",
+           "RAG_VECTOR__BACKEND": "numpy", "RAG_GENERATOR__BACKEND": "extractive", "RAG_RETRIEVAL__MODE": "hybrid",
+           "RAG_CACHE__BACKEND": "redis", "RAG_CACHE__REDIS_URL": str(REDIS_URL), "RAG_CACHE__PREFIX": prefix,
+           "RAG_CONFIG": ""}
+    try:
+        runs = [CliRunner().invoke(cli, ["ask", READ, *extra], env=env, catch_exceptions=False)
+                for extra in (["--json"], ["--json"], ["--json", "--stream"])]
+    finally:
+        _flush(prefix)
+    first, second = (json.loads(r.stdout) for r in runs[:2])
+    assert first["cache"] == "miss" and second["cache"] == "hit" and second["answer"] == first["answer"]
+    assert json.loads(runs[2].stdout.splitlines()[-1])["cache"] == "hit"  # the streamed done event
 
 
 def _app(corpus: Services, gen: Counting, **cache: object):

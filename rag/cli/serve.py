@@ -145,7 +145,8 @@ def _event_dict(event: Any) -> dict[str, Any]:
         out["citations"] = [_citation(c) for c in event.citations]
         out["degraded"] = event.degraded
     if event.kind == "done":
-        out.update(finish_reason=event.finish_reason, usage=event.usage, timings=event.timings, cache="miss")
+        out.update(finish_reason=event.finish_reason, usage=event.usage, timings=event.timings,
+                   cache=event.cache or "miss")
     if event.kind == "error":
         out["error"] = event.error
     return out
@@ -159,7 +160,7 @@ def _citation(c: Any) -> dict[str, Any]:
 def _print_done(question: str, text: str, done: Any, as_json: bool, printed: bool) -> None:
     if as_json:
         click.echo(json.dumps({"question": question, "answer": text, "citations": [_citation(c) for c in done.citations],
-                               "timings": done.timings, "cache": "miss", "degraded": done.degraded,
+                               "timings": done.timings, "cache": done.cache or "miss", "degraded": done.degraded,
                                "finish_reason": done.finish_reason, "usage": done.usage}, ensure_ascii=False))
         return
     if printed:
