@@ -22,7 +22,10 @@ export RAG_DATA_DIR="${RAG_DATA_DIR:-$ROOT/.ragqa}"
 
 if ragqa sources --json | grep -q '"name": "docs"'; then
   say "updating the docs source"
-  ragqa reindex --source docs --mode incremental || true
+  if ! ragqa reindex --source docs --mode incremental; then
+    say "ERROR: updating the docs source failed (see above); not serving a stale index"
+    exit 1
+  fi
 else
   say "ingesting $ROOT/docs"
   ragqa ingest "$ROOT/docs" --name docs --trust high

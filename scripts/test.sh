@@ -10,8 +10,22 @@ install_project "dev,es,redis,llamacpp,llamacpp-small"  # llamacpp: see ensure_l
 activate
 cd "$ROOT"
 
+# A service the tests need that cannot start: on CI (CI=true; .ci/run sets it) the run fails
+# here, with the reason; on a developer's machine its tests skip, and the reasons are
+# repeated after the tests.
+MISSING=()
+missing() {  # WHAT_FAILED WHAT_IS_SKIPPED
+  if [[ "${CI:-}" == "true" ]]; then
+    say "ERROR: $1; on CI (CI=true) every service the tests need must start"
+    exit 1
+  fi
+  say "WARNING: $1; $2"
+  MISSING+=("$1: $2")
+}
+
 # Headless Chromium for the web chat page's test; without it that test is skipped.
-ensure_chromium || say "WARNING: chromium could not be installed; the web page test will be skipped"
+ensure_chromium || missing "chromium could not be installed (apt-get install chromium chromium-driver)" \
+  "the web page test will be skipped"
 
 # A real single-node Elasticsearch on loopback for the integration tests (fetched once from
 # Maven Central and cached); it is stopped again when the tests end.
@@ -21,7 +35,8 @@ if [[ -z "${RAG_TEST_ES_URL:-}" ]]; then
     export RAG_TEST_ES_URL="http://127.0.0.1:$RAGQA_ES_PORT"
     trap 'bash "$ROOT/scripts/elasticsearch.sh" stop || true' EXIT
   else
-    say "WARNING: Elasticsearch could not be started; its tests will be skipped"
+    missing "Elasticsearch could not be started (see scripts/elasticsearch.sh start and its log)" \
+      "its tests will be skipped"
   fi
 fi
 
@@ -37,7 +52,7 @@ if [[ -z "${RAG_TEST_REDIS_URL:-}" ]]; then
     # keep the trap already set (Elasticsearch's), run after stopping Redis
     trap "redis-cli -p $RAGQA_REDIS_PORT shutdown nosave >/dev/null 2>&1 || true; $(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT\$/\1/")" EXIT
   else
-    say "WARNING: Redis could not be started; its tests will be skipped"
+    missing "Redis could not be started (see /tmp/ragqa-redis-$RAGQA_REDIS_PORT.log)" "its tests will be skipped"
   fi
 fi
 
@@ -64,4 +79,7 @@ if [[ "${RAGQA_VLLM_TESTS:-$([[ $# -eq 0 ]] && echo 1 || echo 0)}" == "1" ]]; th
   set -e
   [[ $rc -eq 0 ]] && rc=$vrc
 fi
+for reason in ${MISSING[@]+"${MISSING[@]}"}; do
+  say "skipped for want of a service: $reason"
+done
 exit $rc
