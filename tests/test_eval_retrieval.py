@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,12 @@ def test_cli_eval_variants_and_queries(beir, tmp_path):
                      (["--variant", "bm25:k=3"], "does not apply")]:
         res = runner.invoke(cli, ["eval", "retrieval", str(beir), "--embedder", "hash", *bad], env=env)
         assert res.exit_code == 1 and msg in res.stderr, res.output
+
+
+@pytest.mark.parametrize("command", ["retrieval", "answers"])
+def test_eval_without_its_extra_says_what_to_install(beir, monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "ir_measures", None)  # as if ragqa[eval] were not installed
+    res = CliRunner().invoke(cli, ["eval", command, str(beir)], env={"RAG_CONFIG": ""})
+    assert res.exit_code != 0
+    assert "ragqa eval needs ir-measures, which are not installed: pip install 'ragqa[eval]'" in res.output
+    assert "unexpected" not in res.output and "Traceback" not in res.output

@@ -11,7 +11,25 @@ from rag.cli.common import Context, emit, handle_errors
 __all__ = ["eval_group"]
 
 MODE_NAMES = ("bm25", "vector", "hybrid", "rrf")
-EMBEDDERS = ("sentence-transformers", "use", "e5", "hash")
+EMBEDDERS = ("auto", "sentence-transformers", "use", "e5", "hash")
+EVAL_PACKAGES = {"ir_measures": "ir-measures", "sacrebleu": "sacrebleu", "rouge_score": "rouge-score"}
+
+
+def _require_eval_extra() -> None:
+    """Fail with the install command when the ``eval`` extra is missing, not with a traceback."""
+    import importlib
+
+    from rag.errors import ConfigError
+
+    missing = []
+    for module, package in EVAL_PACKAGES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise ConfigError(f"ragqa eval needs {', '.join(missing)}, which are not installed: "
+                          "pip install 'ragqa[eval]'")
 
 
 @click.group("eval")
@@ -67,6 +85,7 @@ def retrieval(obj: Context, dataset_dir: str, modes: str | None, variants: tuple
     Example: ragqa eval retrieval data/xquad-en --queries data/xquad-zh/queries.jsonl
     --embedder use --modes bm25,vector,rrf --variant 'rrf:weights=1,0.5:rrf_k=20'
     """
+    _require_eval_extra()
     from evals.retrieval import parse_weights, run_retrieval_eval
     from rag.errors import ConfigError
 
@@ -173,6 +192,7 @@ def answers(obj: Context, dataset_dir: str, limit: int | None, seed: int, out: s
 
     Example: ragqa eval answers tests/data/xquad-zh --limit 150 --seed 0 --config qwen.yaml
     """
+    _require_eval_extra()
     from evals.answers import run_answer_eval
     from rag.logs import setup_logging
 
