@@ -124,3 +124,14 @@ def test_a_usage_error_is_clicks_own_message_and_exit_code(tmp_path):
     res = CliRunner().invoke(cli, ["ask", "   "], env={"RAG_DATA_DIR": str(tmp_path / "data"), "RAG_CONFIG": ""})
     assert res.exit_code == 2
     assert "Error: the question is empty" in res.output and "unexpected" not in res.output
+
+
+def test_docs_cli_md_is_the_commands_own_help():
+    """docs/cli.md is written by ``python -m rag.cli.docs``; a command or option added without
+    rewriting it fails here."""
+    from rag.cli.docs import render
+
+    committed = (Path(__file__).parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert committed == render(), "docs/cli.md is stale: python -m rag.cli.docs > docs/cli.md"
+    for command in ("ask", "eval retrieval", "keys create", "rebuild", "serve", "status", "verify"):
+        assert f"## `ragqa {command}`" in committed
