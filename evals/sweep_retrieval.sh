@@ -4,14 +4,16 @@
 # evals/results), then: python evals/render_results.py OUT > evals/RESULTS-retrieval.md
 #
 #   source scripts/env.sh && activate   # or: source ~/.cache/ragqa/venv/bin/activate
-#   evals/sweep_retrieval.sh [OUT] [RUN...]   # RUN: cranfield-st cranfield-use rgb-use xquad-en xquad-zh zh-en-use zh-en-e5
-#                                             #      default-cranfield default-xquad-en default-xquad-zh default-rgb default-zh-en
+#   evals/sweep_retrieval.sh DATA [OUT] [RUN...]   # RUN: cranfield-st cranfield-use rgb-use xquad-en xquad-zh zh-en-use zh-en-e5
+#                                                  #      default-cranfield default-xquad-en default-xquad-zh default-rgb default-zh-en
 set -euo pipefail
 
 main() {  # the whole script is one function, so bash reads it all before running any of it
-DATA="${DATA:-/work/shared/data}"
-OUT="${1:-evals/results}"
-shift || true
+# DATA: the folder holding cranfield-dev, rgb-zh-dev, xquad-en and xquad-zh (evals/README.md
+# says where each comes from and under which license).
+DATA="${1:?usage: evals/sweep_retrieval.sh DATA [OUT] [RUN...] (DATA holds the datasets of evals/README.md)}"
+OUT="${2:-evals/results}"
+shift 2 || shift || true
 mkdir -p "$OUT"
 
 # The plain modes run with 100 candidates, rrf k 60 and weights 1,1 (the defaults before
