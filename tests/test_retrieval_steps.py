@@ -157,3 +157,50 @@ def test_reranker_settings_build_the_right_reranker(indexed):
     with pytest.raises(ConfigError, match="cannot load cross-encoder"):
         ce.rerank("q", [hit("a", 1.0, "text")])
     assert ce.rerank("q", []) == []
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A real (random, tiny) BERT cross-encoder saved to a folder, as a trained one would be."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a of is in tls handshake certificate server "
+             "client river cat paris france capital key exchange".split()]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=1, initializer_range=0.5)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    return str(folder)
+
+
+def test_the_cross_encoder_reranker_orders_by_the_models_scores(tiny_cross_encoder, indexed):
+    from sentence_transformers import CrossEncoder
+
+    texts = ["the tls handshake", "the river cat", "paris is the capital of france", "certificate of the server",
+             "key exchange in the client"]
+    hits = [Hit(str(i), 0.0, f"d{i}", Chunk(id=str(i), doc_id=f"d{i}", source="s", text=t, hash=str(i)),
+                {"bm25": float(i)}) for i, t in enumerate(texts)]
+    query = "tls handshake certificate"
+    reranker = CrossEncoderReranker(tiny_cross_encoder)
+    out = reranker.rerank(query, hits)
+    expected = CrossEncoder(tiny_cross_encoder).predict([(query, t) for t in texts])
+    assert len({round(float(s), 4) for s in expected}) >= 3  # scores that differ: the order means something
+    assert [h.chunk_id for h in out] == [str(i) for i in sorted(range(len(texts)), key=lambda i: -expected[i])]
+    for h in out:
+        assert h.score == pytest.approx(float(expected[int(h.chunk_id)]), abs=1e-5)
+        assert h.explain["cross_encoder"] == h.score and "bm25" in h.explain  # earlier steps kept
+    assert [h.chunk_id for h in reranker.rerank(query, hits, top_n=2)] == [h.chunk_id for h in out[:2]]
+    # From the settings, in the retriever: rrf's fused candidates reordered by the model.
+    cfg = indexed.settings.model_copy(update={"retrieval": indexed.settings.retrieval.model_copy(
+        update={"mode": "rrf", "reranker": RerankerSettings(backend="cross-encoder", model=tiny_cross_encoder)})})
+    indexed.settings, saved = cfg, indexed.settings
+    try:
+        result = HybridRetriever.from_services(indexed, dedup_threshold=None).search("copper violin", k=5)
+    finally:
+        indexed.settings = saved
+    scores = [h.explain["cross_encoder"] for h in result.hits]
+    assert len(result.hits) == 5 and scores == sorted(scores, reverse=True) and "rerank_ms" in result.timings
