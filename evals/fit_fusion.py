@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from evals.stats import paired_p
 from rag.lang import covers, detect_lang, model_languages
 from rag.retrieval.adaptive import FEATURES, Leg, adaptive_weights, features
 from rag.retrieval.fusion import rrf
 from rag.retrieval.hybrid import UNCOVERED_SHARE
 
 DEPTH = 10
-ROUNDS = 10_000
 
 
 def ndcg10(ranked: Sequence[str], rels: dict[str, int]) -> float:
@@ -60,16 +60,6 @@ def legs(q: dict) -> tuple[Leg, Leg]:
 def evaluate(q: dict, rule: Callable[[dict], tuple[float, float]]) -> float:
     doc = {c: d for c, d, _ in q["bm25"] + q["vector"]}
     return ndcg10(docs_of(fused(q, rule(q)), doc), q["qrels"])
-
-
-def paired_p(a: np.ndarray, b: np.ndarray, seed: int = 0) -> float:
-    diff = a - b
-    if not diff.any():
-        return 1.0
-    rng = np.random.default_rng(seed)
-    signs = rng.choice([-1.0, 1.0], size=(ROUNDS, len(diff)))
-    observed = abs(diff.mean())
-    return float(((np.abs((signs * diff).mean(axis=1)) >= observed - 1e-12).sum() + 1) / (ROUNDS + 1))
 
 
 def load(folder: Path) -> dict[str, dict]:

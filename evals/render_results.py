@@ -11,21 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
+from evals import stats
 
 COLUMNS = ("ndcg@10", "recall@10", "mrr@10", "recall@100")
 BASELINES = ("rrf", "bm25")  # the configured default (rrf, 100 candidates, k 60, weights 1,1), and BM25
 
 
-def paired_p(a: dict[str, float], b: dict[str, float], rounds: int = 10000, seed: int = 0) -> float:
-    """Two-sided paired randomization (sign-flip) test of mean(a - b) over the same queries."""
-    diffs = np.array([a[q] - b[q] for q in a])
-    observed = abs(diffs.sum())
-    if observed == 0:
-        return 1.0
-    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(rounds, len(diffs)))
-    hits = int((np.abs(signs @ diffs) >= observed - 1e-12).sum())
-    return (hits + 1) / (rounds + 1)
+def paired_p(a: dict[str, float], b: dict[str, float]) -> float:
+    """:func:`evals.stats.paired_p` over the queries of ``a`` (per-query scores by query id)."""
+    return stats.paired_p([a[q] for q in a], [b[q] for q in a])
 
 
 def table(report: dict, best: int = 0) -> str:
