@@ -3,51 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 from rag.answer import Answerer
 from rag.errors import BackendUnavailable, GeneratorError
 from rag.generators.extractive import ExtractiveGenerator
+from rag.generators.scripted import ScriptedGenerator
 from rag.prompts import UNKNOWN
-from rag.types import GenerationDelta, GenerationParams, Prompt
 from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
-
-
-class Scripted:
-    """A generator that replays text pieces, optionally failing at start or after some pieces."""
-
-    name = "scripted"
-    context_window = 4096
-
-    def __init__(self, pieces: list[str], fail_start: bool = False, fail_after: int | None = None) -> None:
-        self.pieces, self.fail_start, self.fail_after = pieces, fail_start, fail_after
-        self.prompts: list[Prompt] = []
-        self.closed_early = False
-
-    async def start(self) -> None:
-        if self.fail_start:
-            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
-
-    async def close(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
-        self.prompts.append(prompt)
-        try:
-            for i, piece in enumerate(self.pieces):
-                if self.fail_after is not None and i == self.fail_after:
-                    raise GeneratorError("the model server closed the stream")
-                await asyncio.sleep(0)
-                yield GenerationDelta(text=piece)
-            yield GenerationDelta(finish_reason="stop", prompt_tokens=42, completion_tokens=len(self.pieces))
-        except GeneratorExit:
-            self.closed_early = True
-            raise
 
 
 def run(agen) -> list:
@@ -58,7 +22,7 @@ def run(agen) -> list:
 
 def test_a_streamed_answer_has_sources_deltas_and_cited_sources(indexed):
     _, body = doc_text(3)
-    gen = Scripted(["The note ", "says so [1", "] and [7", "]."])
+    gen = ScriptedGenerator(["The note ", "says so [1", "] and [7", "]."])
     events = run(Answerer(indexed, generator=gen).stream(body.split(".")[0], top_k=4))
     assert [e.kind for e in events][0] == "sources" and events[-1].kind == "done"
     sources = events[0].citations
@@ -74,7 +38,7 @@ def test_a_streamed_answer_has_sources_deltas_and_cited_sources(indexed):
 
 
 def test_the_context_fits_the_generators_window(indexed):
-    gen = Scripted(["ok"])
+    gen = ScriptedGenerator(["ok"])
     gen.context_window = 700
     run(Answerer(indexed, generator=gen).stream("river mountain lantern", top_k=30,
                                                 overrides={"max_tokens": 200}))
@@ -90,7 +54,7 @@ def test_the_context_limits_follow_the_generator_backend_and_focus_cuts_passages
     question = body.split(".")[0]
     retrieval = indexed.settings.retrieval
     assert indexed.settings.generator.backend == "llamacpp" and retrieval.max_context_chunks is None
-    gen = Scripted(["ok"])
+    gen = ScriptedGenerator(["ok"])
     run(Answerer(indexed, generator=gen).stream(question, top_k=6))
     assert [p.chunk.doc_id for p in gen.prompts[0].passages] == ["alpha:d03.md"]
     assert gen.prompts[0].passages[0].chunk.text.startswith(title)
@@ -105,7 +69,7 @@ def test_the_context_limits_follow_the_generator_backend_and_focus_cuts_passages
 
 
 def test_the_example_gives_way_to_the_passages_in_a_small_window(indexed):
-    roomy, small = Scripted(["ok"]), Scripted(["ok"])
+    roomy, small = ScriptedGenerator(["ok"]), ScriptedGenerator(["ok"])
     small.context_window = 600  # words here: the rules, the example and 200 answer tokens leave < 256
     for gen in (roomy, small):
         run(Answerer(indexed, generator=gen).stream("river mountain lantern", overrides={"max_tokens": 200}))
@@ -116,7 +80,7 @@ def test_the_example_gives_way_to_the_passages_in_a_small_window(indexed):
 def test_a_generator_that_is_down_falls_back_to_extractive_and_is_flagged(indexed):
     _, body = doc_text(7)
     sentence = body.split(".")[0]
-    answer = asyncio.run(Answerer(indexed, generator=Scripted([], fail_start=True)).ask(sentence))
+    answer = asyncio.run(Answerer(indexed, generator=ScriptedGenerator([], fail_start=True)).ask(sentence))
     assert answer.degraded
     assert sentence in answer.text and "[1]" in answer.text
     assert answer.citations and answer.citations[0].doc_id == "alpha:d07.md"
@@ -124,29 +88,29 @@ def test_a_generator_that_is_down_falls_back_to_extractive_and_is_flagged(indexe
 
 def test_a_failure_before_the_first_token_also_falls_back(indexed):
     _, body = doc_text(4)
-    gen = Scripted(["never"], fail_after=0)
+    gen = ScriptedGenerator(["never"], fail_after=0)
     events = run(Answerer(indexed, generator=gen).stream(body.split(".")[0]))
     assert events[-1].kind == "done" and events[-1].degraded
     assert "never" not in "".join(e.text for e in events if e.kind == "delta")
 
 
 def test_a_failure_mid_answer_ends_with_an_error_event(indexed):
-    gen = Scripted(["Half ", "an answer", "lost"], fail_after=2)
+    gen = ScriptedGenerator(["Half ", "an answer", "lost"], fail_after=2)
     events = run(Answerer(indexed, generator=gen).stream("copper violin"))
     assert [e.kind for e in events] == ["sources", "delta", "delta", "error"]
     assert "closed the stream" in events[-1].error
     with pytest.raises(GeneratorError):
-        asyncio.run(Answerer(indexed, generator=Scripted(["a", "b"], fail_after=1)).ask("copper violin"))
+        asyncio.run(Answerer(indexed, generator=ScriptedGenerator(["a", "b"], fail_after=1)).ask("copper violin"))
 
 
 def test_no_fallback_when_turned_off(indexed, monkeypatch):
     monkeypatch.setattr(indexed.settings.generator, "fallback", False)
     with pytest.raises(BackendUnavailable):
-        asyncio.run(Answerer(indexed, generator=Scripted([], fail_start=True)).ask("copper"))
+        asyncio.run(Answerer(indexed, generator=ScriptedGenerator([], fail_start=True)).ask("copper"))
 
 
 def test_closing_the_stream_early_closes_the_generator(indexed):
-    gen = Scripted(["a ", "b ", "c ", "d "])
+    gen = ScriptedGenerator(["a ", "b ", "c ", "d "])
 
     async def first_delta():
         agen = Answerer(indexed, generator=gen).stream("copper violin")

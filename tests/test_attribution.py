@@ -9,7 +9,8 @@ import pytest
 from rag.answer import Answerer
 from rag.attribution import Attributor
 from rag.prompts import UNKNOWN
-from tests.test_answer import Scripted, run
+from rag.generators.scripted import ScriptedGenerator
+from tests.test_answer import run
 from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
 
 PASSAGES = {1: "The Panthers defense gave up just 308 points, ranking sixth in the league.",
@@ -62,7 +63,7 @@ def test_the_answer_marks_inferred_citations_and_keeps_the_models_own(indexed, m
     monkeypatch.setattr(indexed.settings.retrieval, "max_context_chunks", 4)  # llamacpp's default packs one
     _, body = doc_text(3)
     first, second = body.split(". ")[:2]
-    gen = Scripted([f"{first}. ", f"{second} [2]. ", "Nothing else to add here."])
+    gen = ScriptedGenerator([f"{first}. ", f"{second} [2]. ", "Nothing else to add here."])
     events = run(Answerer(indexed, generator=gen).stream(first, top_k=4))
     sources = events[0].citations
     assert sources[0].doc_id == "alpha:d03.md"
@@ -77,5 +78,5 @@ def test_inference_can_be_turned_off(indexed, monkeypatch: pytest.MonkeyPatch): 
     monkeypatch.setattr(indexed.settings.citations, "infer", False)
     _, body = doc_text(3)
     first = body.split(". ")[0]
-    answer = asyncio.run(Answerer(indexed, generator=Scripted([f"{first}."])).ask(first, top_k=4))
+    answer = asyncio.run(Answerer(indexed, generator=ScriptedGenerator([f"{first}."])).ask(first, top_k=4))
     assert answer.text == f"{first}." and answer.citations == ()

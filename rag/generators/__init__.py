@@ -7,6 +7,9 @@
 - ``extractive``: no model; the best supporting sentences of the context, with citations.
   It is also the fallback when the configured generator is down.
 
+For tests of code that uses a generator, :class:`rag.generators.scripted.ScriptedGenerator`
+replays given text (no model, not a settings backend).
+
 Example::
 
     from rag.generators import make_generator

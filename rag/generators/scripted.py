@@ -1,0 +1,65 @@
+"""A generator that replays the text you give it: for testing code that uses a ``Generator``.
+
+It speaks the whole ``rag.types.Generator`` Protocol without a model, so an application's
+own tests (and ragqa's) can drive an :class:`~rag.answer.Answerer`, the service or the cache
+deterministically: the answer is the scripted pieces, streamed as deltas, and it can be told
+to fail at start (a model server that is down) or mid-stream (one that drops the connection).
+Like :class:`rag.embedders.HashEmbedder`, it is a test tool, not a settings backend.
+
+Example::
+
+    gen = ScriptedGenerator(["Paris is the capital ", "of France [1]."])
+    answer = await Answerer(services, generator=gen).ask("What is the capital of France?")
+    gen.prompts[0]          # the prompt the answerer built
+    ScriptedGenerator([], fail_start=True)          # raises BackendUnavailable on start()
+    ScriptedGenerator(["a", "b"], fail_after=1)     # GeneratorError after the first piece
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from rag.errors import BackendUnavailable, GeneratorError
+from rag.types import GenerationDelta, GenerationParams, Prompt
+
+__all__ = ["ScriptedGenerator"]
+
+
+class ScriptedGenerator:
+    """Replays ``pieces`` as the answer, optionally failing at start or after ``fail_after`` pieces.
+
+    ``prompts`` records every prompt it was asked; ``closed_early`` tells whether a consumer
+    stopped reading before the end (the answerer aborting a stream).
+    """
+
+    name = "scripted"
+    context_window = 4096
+
+    def __init__(self, pieces: Sequence[str], fail_start: bool = False, fail_after: int | None = None) -> None:
+        self.pieces, self.fail_start, self.fail_after = list(pieces), fail_start, fail_after
+        self.prompts: list[Prompt] = []
+        self.closed_early = False
+
+    async def start(self) -> None:
+        if self.fail_start:
+            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
+
+    async def close(self) -> None:
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+        self.prompts.append(prompt)
+        try:
+            for i, piece in enumerate(self.pieces):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise GeneratorError("the model server closed the stream")
+                await asyncio.sleep(0)
+                yield GenerationDelta(text=piece)
+            yield GenerationDelta(finish_reason="stop", prompt_tokens=42, completion_tokens=len(self.pieces))
+        except GeneratorExit:
+            self.closed_early = True
+            raise
