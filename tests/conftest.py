@@ -9,12 +9,19 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
-from rag.config import Settings
+from ingest.pipeline import reindex
+from rag.config import Settings, SourceConfig
 from rag.services import Services
+from tests.corpus import NEW, OLD, write_folder
 from tests.httpserver import LocalServer, serve_dir, unpack_pydocs
+
+if TYPE_CHECKING:
+    from tests.live import Gated
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -101,3 +108,60 @@ def static_server_factory() -> Iterator[Callable[[Path], LocalServer]]:
     """Start real HTTP servers on 127.0.0.1 serving folders; all stop with the module."""
     with contextlib.ExitStack() as stack:
         yield lambda root: stack.enter_context(serve_dir(root))
+
+
+# -- shared indexes and servers (module-scoped: each test module that asks gets its own) ----------
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Two folder sources: ``alpha`` (20 notes, modified 2024) and ``beta`` (10 notes, 2025)."""
+    base = tmp_path_factory.mktemp("retrieval")
+    write_folder(base / "alpha", range(20), OLD)
+    write_folder(base / "beta", range(20, 30), NEW)
+    svc = Services(make_settings(base / "data"))
+    for name in ("alpha", "beta"):
+        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
+        with svc.write_lock():
+            assert reindex(svc, name, "full").added in (20, 10)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """``alpha`` (20 notes, 2024) and ``beta`` (10 notes, 2025), indexed with the hash embedder,
+    with the service's test settings (``tests.live.serve_settings``)."""
+    from tests.live import serve_settings  # tests.live imports this module
+
+    base = tmp_path_factory.mktemp("serve")
+    write_folder(base / "alpha", range(20), OLD)
+    write_folder(base / "beta", range(20, 30), NEW)
+    svc = Services(serve_settings(base / "data"))
+    for name in ("alpha", "beta"):
+        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
+        with svc.write_lock():
+            reindex(svc, name, "full")
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    """Plain HTTP, patient enough for a busy 2-core machine."""
+    with httpx.Client(timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gen() -> Gated:
+    """The extractive generator with knobs (``tests.live.Gated``), shared by a module's servers."""
+    from tests.live import Gated
+
+    return Gated()
+
+
+@pytest.fixture
+def knobs(gen: Gated) -> Iterator[Gated]:
+    gen.reset()
+    yield gen
+    gen.gate.set()  # never leave a generation waiting
+    gen.reset()

@@ -11,13 +11,8 @@ from rag.errors import BackendUnavailable, GeneratorError
 from rag.generators.extractive import ExtractiveGenerator
 from rag.generators.scripted import ScriptedGenerator
 from rag.prompts import UNKNOWN
-from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
-
-
-def run(agen) -> list:
-    async def collect():
-        return [event async for event in agen]
-    return asyncio.run(collect())
+from tests.corpus import doc_text
+from tests.live import run
 
 
 def test_a_streamed_answer_has_sources_deltas_and_cited_sources(indexed):

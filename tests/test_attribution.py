@@ -8,10 +8,10 @@ import pytest
 
 from rag.answer import Answerer
 from rag.attribution import Attributor
-from rag.prompts import UNKNOWN
 from rag.generators.scripted import ScriptedGenerator
-from tests.test_answer import run
-from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
+from rag.prompts import UNKNOWN
+from tests.corpus import doc_text
+from tests.live import run
 
 PASSAGES = {1: "The Panthers defense gave up just 308 points, ranking sixth in the league.",
             2: "The Talbot Hughes collection was a gift from Harrods.",

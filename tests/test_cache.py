@@ -27,7 +27,6 @@ from click.testing import CliRunner
 
 from ingest.pipeline import reindex
 from rag.answer import Answerer, AnswerEvent
-from rag.cli import cli
 from rag.cache import (
     AnswerCacheLayer,
     CachedAnswer,
@@ -35,13 +34,14 @@ from rag.cache import (
     make_answer_cache,
     normalise_question,
 )
+from rag.cli import cli
 from rag.config import CacheSettings, SourceConfig
 from rag.generators.extractive import ExtractiveGenerator
 from rag.services import Services
 from rag.types import AnswerCache, Filters, GenerationDelta, GenerationParams, Prompt
 from serve.app import create_app
 from tests.conftest import make_settings
-from tests.test_serve import live
+from tests.live import live
 
 REDIS_URL = os.environ.get("RAG_TEST_REDIS_URL")
 NO_REDIS = "RAG_TEST_REDIS_URL is not set (scripts/test.sh starts a throwaway Redis and sets it)"

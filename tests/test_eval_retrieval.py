@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from evals.retrieval import Variant, load_beir, parse_variant, run_retrieval_eval
 from rag.cli import cli
 from rag.errors import ConfigError
-from tests.test_retrieval import doc_text
+from tests.corpus import doc_text
 
 HASH = {"embedder": {"backend": "hash", "dim": 256, "progress": False}, "vector": {"backend": "numpy"}}
 METRICS = {"recall@1", "recall@5", "recall@10", "recall@100", "mrr@10", "ndcg@10"}

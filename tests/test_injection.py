@@ -25,14 +25,14 @@ from ingest.pipeline import reindex
 from rag.answer import Answerer
 from rag.config import InjectionSettings, SourceConfig
 from rag.errors import ConfigError
+from rag.generators.scripted import ScriptedGenerator
 from rag.injection import REFUSAL, InjectionFilter, quote
 from rag.injection_rules import RULES
 from rag.services import Services
 from rag.types import Chunk, Hit
 from serve.app import create_app
 from tests.conftest import DATA
-from rag.generators.scripted import ScriptedGenerator
-from tests.test_serve import live, serve_settings, sse_events
+from tests.live import live, serve_settings, sse_events
 
 REDTEAM = DATA / "redteam"
 QUESTIONS = [json.loads(line) for line in (REDTEAM / "questions.jsonl").read_text("utf-8").splitlines()]

@@ -18,8 +18,8 @@ from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.lang import detect_lang, model_languages
 from rag.retrieval import HybridRetriever
-from rag.retrieval.hybrid import UNCOVERED_SHARE
 from rag.retrieval.adaptive import Leg, adaptive_weights
+from rag.retrieval.hybrid import UNCOVERED_SHARE
 from rag.services import Services
 from tests.conftest import make_settings
 

@@ -6,8 +6,8 @@ import pytest
 
 from rag.config import SamplingSettings
 from rag.errors import RequestError
-from rag.packing import PackedContext
 from rag.lang import detect_lang
+from rag.packing import PackedContext
 from rag.prompts import (
     UNKNOWN,
     CitationStream,

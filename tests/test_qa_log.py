@@ -22,8 +22,8 @@ from rag.services import Services
 from serve.app import create_app
 from serve.auth import hash_key, new_key
 from serve.qa_log import QALog, Redactor
-from tests.test_retrieval import OLD, doc_text, write_folder
-from tests.test_serve import live, serve_settings
+from tests.corpus import OLD, doc_text, write_folder
+from tests.live import live, serve_settings
 
 KEY = new_key()  # the caller's real ragqa key, sent as "Authorization: Bearer ..."
 CONFIGURED = "cfg-generator-secret-0123456789"  # a secret in the settings (generator.api_key)

@@ -23,16 +23,13 @@ from rag.services import Services
 from serve.app import create_app
 from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamStore
-from tests import test_serve
-from tests.test_serve import live, question, sse_events
-from tests.test_serve_streams import Gated, comparable, gen, knobs, wait_for  # noqa: F401 - fixtures
+from tests.corpus import question
+from tests.live import Gated, comparable, live, sse_events, wait_for
 
 REDIS_URL = os.environ.get("RAG_TEST_REDIS_URL")
 needs_redis = pytest.mark.skipif(not REDIS_URL, reason="RAG_TEST_REDIS_URL is not set (scripts/test.sh starts "
                                  "a throwaway Redis and sets it)")
 
-corpus = test_serve.corpus  # the index fixture, built once for this module too
-http = test_serve.http
 
 
 def _flush(prefix: str) -> None:

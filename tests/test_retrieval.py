@@ -2,69 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import random
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ingest.pipeline import reindex
 from rag.cli import cli
-from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.filters import parse_filters
 from rag.retrieval import MODES, HybridRetriever, rrf
 from rag.search import search
-from rag.services import Services
 from rag.types import Chunk, Hit
-from tests.conftest import make_settings
-
-WORDS = (
-    "river", "mountain", "lantern", "copper", "violin", "harbor", "meadow", "glacier",
-    "falcon", "orchard", "compass", "thunder", "marble", "velvet", "canyon", "beacon",
-    "saddle", "ember", "willow", "quartz", "tundra", "anchor", "cobalt", "prairie", "lagoon",
-    "summit", "cedar", "pebble", "walnut", "harvest",
-)
-OLD = datetime(2024, 3, 1, tzinfo=UTC)
-NEW = datetime(2025, 6, 1, tzinfo=UTC)
-
-
-def doc_text(i: int) -> tuple[str, str]:
-    """A title and a body whose first sentence is distinctive (a made-up name in it)."""
-    rnd = random.Random(i)
-    name = "zor" + chr(97 + i % 26) + chr(97 + i // 26) + "ith"
-    sentences = [f"The {name} " + " ".join(rnd.sample(WORDS, 7)) + "."]
-    sentences += [" ".join(rnd.sample(WORDS, 9)).capitalize() + "." for _ in range(3)]
-    return f"Note {name}", " ".join(sentences)
-
-
-def write_folder(root: Path, ids: range, when: datetime) -> None:
-    root.mkdir(parents=True)
-    for i in ids:
-        title, body = doc_text(i)
-        path = root / f"d{i:02d}.md"
-        path.write_text(f"# {title}\n\n{body}\n", encoding="utf-8")
-        os.utime(path, (when.timestamp(), when.timestamp()))
-
-
-@pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    """Two folder sources: ``alpha`` (20 notes, modified 2024) and ``beta`` (10 notes, 2025)."""
-    base = tmp_path_factory.mktemp("retrieval")
-    write_folder(base / "alpha", range(20), OLD)
-    write_folder(base / "beta", range(20, 30), NEW)
-    svc = Services(make_settings(base / "data"))
-    for name in ("alpha", "beta"):
-        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
-        with svc.write_lock():
-            assert reindex(svc, name, "full").added in (20, 10)
-    yield svc
-    svc.close()
+from tests.corpus import doc_text
 
 
 @pytest.mark.parametrize("mode", MODES)

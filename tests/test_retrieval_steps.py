@@ -12,7 +12,7 @@ from rag.errors import ConfigError
 from rag.rerank import CrossEncoderReranker, EmbeddingReranker, KeepOrder, make_reranker
 from rag.retrieval import HybridRetriever, boost_recent, drop_near_duplicates
 from rag.types import Chunk, Hit, Reranker
-from tests.test_retrieval import doc_text, indexed  # noqa: F401 - the shared index fixture
+from tests.corpus import doc_text
 
 NOW = datetime(2025, 6, 2, tzinfo=UTC)
 

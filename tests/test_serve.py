@@ -13,73 +13,21 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from filelock import FileLock
 
-from ingest.pipeline import reindex
 from rag.cli import cli
-from rag.config import Settings, SourceConfig
 from rag.services import Services
 from serve.app import create_app
-from tests.conftest import make_settings
-from tests.test_retrieval import NEW, OLD, doc_text, write_folder
-
-MAX_BODY = 20_000
-
-
-def serve_settings(data_dir: Path, **serve: object) -> Settings:
-    """Auth and rate limits off (on loopback), as the demo runs; they are tested in test_serve_auth.py."""
-    return make_settings(data_dir, generator={"backend": "extractive"}, retrieval={"mode": "hybrid"},
-                         serve={"max_body_bytes": MAX_BODY, "max_messages": 8, "max_question_chars": 500,
-                                "auth": False, "rate_limit_per_minute": 0, **serve})
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    """``alpha`` (20 notes, 2024) and ``beta`` (10 notes, 2025), indexed with the hash embedder."""
-    base = tmp_path_factory.mktemp("serve")
-    write_folder(base / "alpha", range(20), OLD)
-    write_folder(base / "beta", range(20, 30), NEW)
-    svc = Services(serve_settings(base / "data"))
-    for name in ("alpha", "beta"):
-        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
-        with svc.write_lock():
-            reindex(svc, name, "full")
-    yield svc
-    svc.close()
-
-
-@contextlib.contextmanager
-def live(app) -> Iterator[str]:
-    """Run ``app`` under uvicorn on a free loopback port in a thread; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+from tests.corpus import doc_text, question
+from tests.live import MAX_BODY, live, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -89,33 +37,9 @@ def base_url(corpus: Services) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    """Plain HTTP, patient enough for a busy 2-core machine."""
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def client(base_url: str) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as c:
         yield c
-
-
-def question(i: int) -> str:
-    """The first sentence of note ``i``: the extractive answer quotes it and cites it."""
-    return doc_text(i)[1].split(".")[0]
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[dict[str, str]]:
-    event: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            if event:
-                yield event
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            event[name] = event.get(name, "") + value.removeprefix(" ") if name == "data" else value.strip()
 
 
 # -- the OpenAI route -------------------------------------------------------------------

@@ -28,8 +28,8 @@ from rag.services import Services
 from serve.app import create_app
 from serve.auth import hash_key, new_key
 from tests.conftest import make_settings
-from tests.test_retrieval import NEW, OLD, write_folder
-from tests.test_serve import live, question, sse_events
+from tests.corpus import NEW, OLD, question, write_folder
+from tests.live import live, sse_events
 
 KEYS = {name: new_key() for name in ("admin", "acme", "globex", "limited")}
 LIMIT = 3

@@ -12,72 +12,17 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from rag.answer import Answerer
-from rag.errors import BackendUnavailable, GeneratorError
-from rag.generators.extractive import ExtractiveGenerator
 from rag.services import Services
-from rag.types import GenerationDelta, GenerationParams, Prompt
 from serve.app import create_app
-from tests import test_serve
-from tests.test_serve import live, question, sse_events
-
-corpus = test_serve.corpus  # the index fixture, built once for this module too
-http = test_serve.http
-
-
-class Gated(ExtractiveGenerator):
-    """The extractive generator, with knobs: hold before piece ``hold_at`` until ``gate`` is
-    set, fail after ``fail_after`` pieces, or be down (``down``) before the first token."""
-
-    name = "gated-extractive"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reset()
-
-    def reset(self) -> None:
-        self.hold_at: int | None = None
-        self.gate = threading.Event()
-        self.fail_after: int | None = None
-        self.down = False
-        self.closed_early = False
-
-    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
-        if self.down:
-            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
-        sent = 0
-        try:
-            async for delta in super().stream(prompt, params):
-                if delta.text:
-                    if sent == self.fail_after:
-                        raise GeneratorError("the model server closed the stream")
-                    if sent == self.hold_at:
-                        while not self.gate.is_set():
-                            await asyncio.sleep(0.01)
-                    sent += 1
-                yield delta
-        except (GeneratorExit, asyncio.CancelledError):
-            self.closed_early = True
-            raise
-
-
-@pytest.fixture(scope="module")
-def gen() -> Gated:
-    return Gated()
-
-
-@pytest.fixture
-def knobs(gen: Gated) -> Iterator[Gated]:
-    gen.reset()
-    yield gen
-    gen.gate.set()  # never leave a generation waiting
-    gen.reset()
+from tests.corpus import question
+from tests.live import Gated, comparable, live, sse_events, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +45,6 @@ def impatient(corpus: Services, gen: Gated) -> Iterator[str]:
 
 def chat(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
-def comparable(chunk) -> dict:  # an openai chunk
-    return chunk.model_dump(exclude={"id", "created"})
-
-
-def wait_for(condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def same_run(event: dict[str, str]) -> tuple[str, dict]:

@@ -1,5 +1,5 @@
 """The web chat page in headless Chromium (Debian's ``chromium`` and ``chromium-driver``, through
-Selenium), against a real uvicorn server on 127.0.0.1 with the small index of ``test_serve.py``.
+Selenium), against a real uvicorn server on 127.0.0.1 with the small index of ``tests/conftest.py``'s ``corpus``.
 
 The generator is the extractive one, paced (a pause before each piece of text) so that tokens
 visibly arrive one after another, and optionally held before a given piece until the test
@@ -35,11 +35,8 @@ from rag.generators.extractive import ExtractiveGenerator
 from rag.services import Services
 from rag.types import GenerationDelta, GenerationParams, Prompt
 from serve.app import create_app
-from tests import test_serve
-from tests.test_serve import live, question, sse_events
-
-corpus = test_serve.corpus  # the index fixture (alpha: 20 notes of 2024, beta: 10 of 2025)
-http = test_serve.http
+from tests.corpus import doc_text, question
+from tests.live import live, sse_events
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 KEY = "rqa_" + "k" * 43  # the keyed server's API key
@@ -381,7 +378,7 @@ def test_an_answer_streams_in_and_cites_its_sources(browser, site, gen, http):
     assert t["busy"] == "false" and t["send"] and not t["stop"] and t["status"].startswith("Answered in")
     # Numbered citations link to their sources, and each [n] of the answer to its citation.
     assert shown(t) == citations_of(ref) and t["citations"][0]["url"].endswith("/alpha/d03.md")
-    assert t["citations"][0]["title"] == test_serve.doc_text(3)[0] and question(3) in t["citations"][0]["snippet"]
+    assert t["citations"][0]["title"] == doc_text(3)[0] and question(3) in t["citations"][0]["snippet"]
     ids = {c["id"] for c in t["citations"]}
     assert t["refs"] and all(href.removeprefix("#") in ids and text == f"[{href.rsplit('-', 1)[1]}]"
                              for text, href in t["refs"])
