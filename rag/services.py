@@ -23,15 +23,16 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 from rag.config import EmbedderSettings, Settings
 from rag.errors import ConfigError, DataDirLocked
-from rag.types import Embedder, Generator, LexicalIndex, VectorIndex
+from rag.types import Chunk, Embedder, Filters, Generator, Hit, LexicalIndex, VectorIndex
 
 __all__ = ["AUTO_BACKENDS", "AUTO_MULTILINGUAL_SHARE", "Services"]
 
@@ -43,6 +44,37 @@ AUTO_MULTILINGUAL_SHARE = 0.1
 """The share of Chinese documents from which ``auto`` chooses the multilingual model."""
 AUTO_META = "embedder_choice"
 _RECHECK_S = 5.0
+
+
+class _NoVectors:
+    """The vector index before ``auto`` has chosen a model: empty, and it writes nothing."""
+
+    def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+        raise ConfigError("no embedding model is chosen yet: the first ingest chooses it (embedder.backend auto)")
+
+    def delete_documents(self, doc_ids: Iterable[str]) -> None:
+        return None
+
+    def delete_chunks(self, chunk_ids: Iterable[str]) -> None:
+        return None
+
+    def search(self, vector: np.ndarray, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        return []
+
+    def get_vectors(self, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return {}
+
+    def count(self) -> int:
+        return 0
+
+    def chunk_ids(self, source: str | None = None) -> set[str]:
+        return set()
+
+    def close(self) -> None:
+        return None
+
+
+NO_VECTORS: VectorIndex = _NoVectors()
 
 
 class Services:
@@ -152,7 +184,7 @@ class Services:
     def _reset_embedder(self) -> None:
         """Drop the embedder and the vector stores sized for it; they are rebuilt on next use."""
         self._embedder = None
-        for name in ("vector", "vector_cache"):
+        for name in ("_vector", "_vector_cache"):
             component = self.__dict__.pop(name, None)
             if component is not None:
                 with contextlib.suppress(Exception):
@@ -179,11 +211,17 @@ class Services:
             )
         raise ConfigError(f"unknown lexical backend {cfg.backend!r}")
 
-    @cached_property
+    @property
     def vector(self) -> VectorIndex:
+        """The vector index. With ``auto`` and no model chosen yet, an empty stand-in: opening
+        the real index would fix its vector size to a model the first ingest may not choose."""
+        return NO_VECTORS if self.embedder_undecided else self._vector
+
+    @cached_property
+    def _vector(self) -> VectorIndex:
         cfg = self.settings.vector
         if cfg.backend == "numpy":
-            return self.vector_cache or self._numpy_index()
+            return self._vector_cache
         if cfg.backend == "milvus":
             # gRPC's own logging (keepalive chatter with Milvus Lite) is noise on stderr.
             os.environ.setdefault("GRPC_VERBOSITY", "NONE")
@@ -205,11 +243,16 @@ class Services:
             self._generator = make_generator(self.settings.generator)
         return self._generator
 
-    @cached_property
+    @property
     def vector_cache(self) -> VectorIndex | None:
-        """The local exact vector store used for reranking, or ``None`` when turned off."""
+        """The local exact vector store used for reranking, or ``None`` when turned off (an
+        empty stand-in until ``auto`` has chosen the model, as for :attr:`vector`)."""
         if not self.settings.vector.cache and self.settings.vector.backend != "numpy":
             return None
+        return NO_VECTORS if self.embedder_undecided else self._vector_cache
+
+    @cached_property
+    def _vector_cache(self) -> VectorIndex:
         return self._numpy_index()
 
     def _numpy_index(self) -> VectorIndex:
@@ -253,7 +296,7 @@ class Services:
         return f"auto: {choice['backend']}, {choice['reason']}"
 
     def close(self) -> None:
-        for name in ("lexical", "vector", "vector_cache", "state"):
+        for name in ("lexical", "_vector", "_vector_cache", "state"):
             component = self.__dict__.get(name)
             if component is not None:
                 with contextlib.suppress(Exception):

@@ -193,3 +193,19 @@ def test_status_warns_about_documents_the_embedder_does_not_rank(chinese_on_mini
             "Chinese questions use keyword search alone.") in res.stdout
     res = CliRunner().invoke(cli, ["status"], env={**env, "RAG_EMBEDDER__BACKEND": "use"}, catch_exceptions=False)
     assert "warning" not in res.stdout  # a multilingual embedder ranks them
+
+
+def test_searching_before_the_first_ingest_does_not_fix_the_vector_size(tmp_path):
+    """A query (or a health probe) against an empty index must not create the vector collection
+    at the provisional model's size: the first ingest may choose another model."""
+    _xquad("zh", tmp_path / "docs")
+    services = Services(make_settings(tmp_path / "data", embedder={"backend": "auto", "progress": False},
+                                      vector={"backend": "milvus"}))
+    try:
+        assert HybridRetriever.from_services(services).retrieve("黑豹队", k=3) == []
+        assert services.vector.count() == 0
+        _ingest(services, tmp_path / "docs")  # chooses USE (512 dimensions), not MiniLM's 384
+        assert services.embedder_settings.backend == "use" and services.vector.count() > 0
+        assert HybridRetriever.from_services(services).retrieve("黑豹队的防守", k=3)
+    finally:
+        services.close()
