@@ -456,16 +456,23 @@ class TestServer:
                 after = await engine_counts(http, server)
             return params, results, before, after
 
-        params, results, before, after = asyncio.run(run())
-        assert all(r[-1].finish_reason == "length" and r[-1].completion_tokens == params.max_tokens
-                   for r in results), [r[-1] for r in results]
         # The server's own counters, which no poll can miss: an engine step makes at most one
         # token per request it runs, so fewer steps than generated tokens means that some
-        # steps ran two or more requests in one batch.
-        tokens = after["tokens"] - before["tokens"]
-        steps = after["steps"] - before["steps"]
-        assert tokens >= 8 * params.max_tokens, (before, after)
-        assert 0 < steps < tokens, f"the server never ran two requests in one batch ({steps} steps for {tokens} tokens)"
+        # steps ran two or more requests in one batch. On a busy 2-core machine the eight
+        # requests can reach the engine one after another, so a burst that happened not to
+        # overlap is tried again, up to three bursts; a server that never batches fails all three.
+        seen = []
+        for _ in range(3):
+            params, results, before, after = asyncio.run(run())
+            assert all(r[-1].finish_reason == "length" and r[-1].completion_tokens == params.max_tokens
+                       for r in results), [r[-1] for r in results]
+            tokens = after["tokens"] - before["tokens"]
+            steps = after["steps"] - before["steps"]
+            assert tokens >= 8 * params.max_tokens, (before, after)
+            seen.append((steps, tokens))
+            if 0 < steps < tokens:
+                break
+        assert 0 < steps < tokens, f"the server never ran two requests in one batch (steps, tokens per burst: {seen})"
 
     def test_stop_strings(self, server: Server) -> None:
         async def run() -> tuple[str, str, list[GenerationDelta]]:
