@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from ingest.pipeline import reindex
-from rag.config import Settings, SourceConfig
+from rag.config import Settings
 from rag.services import Services
-from tests.corpus import NEW, OLD, write_folder
+from tests.corpus import NEW, OLD, index_notes
 from tests.httpserver import LocalServer, serve_dir, unpack_pydocs
 
 if TYPE_CHECKING:
@@ -111,17 +110,15 @@ def static_server_factory() -> Iterator[Callable[[Path], LocalServer]]:
 
 
 # -- shared indexes and servers (module-scoped: each test module that asks gets its own) ----------
+NOTES = {"alpha": (range(20), OLD), "beta": (range(20, 30), NEW)}
+"""The two sources of ``indexed`` and ``corpus``: 20 notes modified in 2024, 10 in 2025."""
+
+
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     """Two folder sources: ``alpha`` (20 notes, modified 2024) and ``beta`` (10 notes, 2025)."""
     base = tmp_path_factory.mktemp("retrieval")
-    write_folder(base / "alpha", range(20), OLD)
-    write_folder(base / "beta", range(20, 30), NEW)
-    svc = Services(make_settings(base / "data"))
-    for name in ("alpha", "beta"):
-        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
-        with svc.write_lock():
-            assert reindex(svc, name, "full").added in (20, 10)
+    svc = index_notes(Services(make_settings(base / "data")), base, NOTES)
     yield svc
     svc.close()
 
@@ -133,13 +130,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     from tests.live import serve_settings  # tests.live imports this module
 
     base = tmp_path_factory.mktemp("serve")
-    write_folder(base / "alpha", range(20), OLD)
-    write_folder(base / "beta", range(20, 30), NEW)
-    svc = Services(serve_settings(base / "data"))
-    for name in ("alpha", "beta"):
-        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en"))
-        with svc.write_lock():
-            reindex(svc, name, "full")
+    svc = index_notes(Services(serve_settings(base / "data")), base, NOTES)
     yield svc
     svc.close()
 

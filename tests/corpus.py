@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+
+from ingest.pipeline import reindex
+from rag.config import SourceConfig
+from rag.services import Services
 
 WORDS = (
     "river", "mountain", "lantern", "copper", "violin", "harbor", "meadow", "glacier",
@@ -44,3 +49,16 @@ def write_folder(root: Path, ids: range, when: datetime) -> None:
 def question(i: int) -> str:
     """The first sentence of note ``i``: the extractive answer quotes it and cites it."""
     return doc_text(i)[1].split(".")[0]
+
+
+def index_notes(services: Services, base: Path, folders: Mapping[str, tuple[range, datetime]], *,
+                tenants: bool = False) -> Services:
+    """Write each folder's notes under ``base``, register it as a source (its own tenant when
+    ``tenants``) and index it fully; every note must be added."""
+    for name, (ids, when) in folders.items():
+        write_folder(base / name, ids, when)
+        services.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en",
+                                               tenant=name if tenants else None))
+        with services.write_lock():
+            assert reindex(services, name, "full").added == len(ids)
+    return services

@@ -20,15 +20,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ingest.pipeline import reindex
 from rag.cli import cli
-from rag.config import Settings, SourceConfig
+from rag.config import Settings
 from rag.errors import ConfigError
 from rag.services import Services
 from serve.app import create_app
 from serve.auth import hash_key, new_key
 from tests.conftest import make_settings
-from tests.corpus import NEW, OLD, question, write_folder
+from tests.corpus import NEW, OLD, index_notes, question
 from tests.live import live, sse_events
 
 KEYS = {name: new_key() for name in ("admin", "acme", "globex", "limited")}
@@ -56,14 +55,8 @@ def with_serve(settings: Settings, **update: object) -> Settings:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     base = tmp_path_factory.mktemp("serve-auth")
-    write_folder(base / "acme", range(10), OLD)
-    write_folder(base / "globex", range(10, 20), NEW)
-    svc = Services(auth_settings(base / "data"))
-    for name in ("acme", "globex"):
-        svc.state.add_source(SourceConfig(name=name, kind="folder", location=str(base / name), lang="en",
-                                          tenant=name))
-        with svc.write_lock():
-            reindex(svc, name, "full")
+    svc = index_notes(Services(auth_settings(base / "data")), base,
+                      {"acme": (range(10), OLD), "globex": (range(10, 20), NEW)}, tenants=True)
     yield svc
     svc.close()
 
