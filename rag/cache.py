@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rag.errors import ConfigError
-from rag.lang import covers, detect_lang
+from rag.lang import detect_lang, ranks
 from rag.types import AnswerCache, Citation, Filters
 
 if TYPE_CHECKING:
@@ -422,9 +422,7 @@ def make_answer_cache(services: Services, *, salt: str = "",
         """The question's embedding; ``None`` when the model does not rank its language (an
         English-only model finds unrelated Chinese questions near-identical)."""
         embedder = services.embedder
-        if not covers(getattr(embedder, "languages", None), detect_lang(question)):
-            return None
-        return embedder.embed_query(question)
+        return embedder.embed_query(question) if ranks(embedder, detect_lang(question)) else None
 
     return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold,
                             embed=embed if cfg.semantic else None,

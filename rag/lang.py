@@ -22,11 +22,9 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-__all__ = ["CJK", "LANGS", "LANG_NAMES", "detect_lang", "covers", "model_languages", "zh_share"]
+__all__ = ["CJK", "LANG_NAMES", "detect_lang", "covers", "model_languages", "ranks"]
 
-LANGS = ("en", "zh")
 LANG_NAMES = {"en": "English", "zh": "Chinese"}
 
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef]")
@@ -57,12 +55,6 @@ def detect_lang(text: str, *, threshold: float = 0.3, empty: str = "en") -> str:
     return "zh" if len(CJK.findall(text)) / letters > threshold else "en"
 
 
-def zh_share(texts: Iterable[str]) -> float:
-    """The share of ``texts`` (by count) that :func:`detect_lang` calls Chinese; 0 for none."""
-    langs = [detect_lang(t) for t in texts]
-    return langs.count("zh") / len(langs) if langs else 0.0
-
-
 def model_languages(name: str) -> frozenset[str] | None:
     """The languages an embedding model named ``name`` covers: ``{"en"}`` for the English-only
     families ragqa knows (MiniLM, MPNet, BGE-en, GTE, e5-v2, Cohere's english models), else
@@ -76,3 +68,8 @@ def model_languages(name: str) -> frozenset[str] | None:
 def covers(languages: frozenset[str] | None, lang: str) -> bool:
     """Whether a model declaring ``languages`` ranks text in ``lang``."""
     return languages is None or lang in languages
+
+
+def ranks(embedder: object, lang: str) -> bool:
+    """Whether ``embedder`` ranks text in ``lang`` (one that declares no ``languages``: any)."""
+    return covers(getattr(embedder, "languages", None), lang)

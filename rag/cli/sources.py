@@ -116,15 +116,15 @@ def status(obj: Context, as_json: bool) -> None:
 
 
 def _language_warnings(services: Any) -> list[str]:
-    """A warning per indexed language the embedder does not rank (its questions get BM25 alone)."""
-    from rag.lang import LANG_NAMES, covers
+    """A warning per indexed language the embedder does not rank (its questions get mostly BM25)."""
+    from rag.lang import LANG_NAMES, ranks
 
     embedder = services.embedder  # constructed, not loaded
     out = []
     for lang, n in sorted(services.state.languages().items()):
-        if lang in LANG_NAMES and not covers(getattr(embedder, "languages", None), lang):
+        if lang in LANG_NAMES and not ranks(embedder, lang):
             out.append(f"{n} {LANG_NAMES[lang]} documents, which the embedder {embedder.name} does not rank: "
-                       f"{LANG_NAMES[lang]} questions use keyword search alone. For vector search in "
+                       f"{LANG_NAMES[lang]} questions use mostly keyword search. For vector search in "
                        f"{LANG_NAMES[lang]} too, index into a new data directory with RAG_EMBEDDER__BACKEND=use.")
     return out
 

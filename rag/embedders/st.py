@@ -6,7 +6,7 @@ import contextlib
 import json
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ class SentenceTransformerEmbedder:
         progress: bool = True,
         query_prefix: str | None = None,
         document_prefix: str | None = None,
-        languages: Iterable[str] | None = None,
     ) -> None:
         self.batch_size = batch_size
         self.threads = threads
@@ -66,8 +65,8 @@ class SentenceTransformerEmbedder:
         self._spec = model
         self._label = _label(model)
         self.name = f"st:{self._label}"
-        # What the model ranks well: as given, else known per model family (MiniLM: English).
-        self.languages = frozenset(languages) if languages is not None else model_languages(self._label)
+        # What the model ranks well, known per model family (MiniLM: English); embedder.languages overrides.
+        self.languages = model_languages(self._label)
         self._shown = DEFAULT_MODEL_NAME if model is None else str(model)
         is_e5 = "e5" in self._label.lower().replace("_", "-").split("/")[-1].split("-")
         self.query_prefix = query_prefix if query_prefix is not None else (_E5_PREFIXES[0] if is_e5 else "")

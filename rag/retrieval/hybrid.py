@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 
 from rag.errors import ConfigError
-from rag.lang import LANG_NAMES, covers, detect_lang
+from rag.lang import LANG_NAMES, detect_lang, ranks
 from rag.rerank import EmbeddingReranker, make_reranker
 from rag.retrieval.adaptive import Leg, adaptive_weights
 from rag.retrieval.fusion import rrf
@@ -92,11 +92,11 @@ class HybridRetriever:
     """Runs one retrieval mode against a deployment's indexes, then reranks and tidies.
 
     ``weights`` are the (BM25, vector) weights of rank fusion, ``None`` for adaptive weights
-    per query; ``rrf_k`` is its damping constant. ``language_aware`` drops the vector leg for a
-    query in a language the embedder does not cover. ``reranker`` is the hybrid mode's second
-    step (default: embedding cosine); a non-embedding reranker also reorders the other modes'
-    candidates. Construction is
-    cheap and connects to nothing.
+    per query; ``rrf_k`` is its damping constant. ``language_aware`` leaves the vector leg
+    :data:`UNCOVERED_SHARE` of its weight for a query in a language the embedder does not cover.
+    ``reranker`` is the hybrid mode's second step (default: embedding cosine); a non-embedding
+    reranker also reorders the other modes' candidates. Construction is cheap and connects to
+    nothing.
 
     Example::
 
@@ -220,10 +220,9 @@ class HybridRetriever:
         if self.mode == "vector":
             return {"lang": lang, "weights": (0.0, 1.0), "why": "vector mode: nearest neighbours alone"}
         embedder = self.services.embedder
-        languages = getattr(embedder, "languages", None)
-        if self.language_aware and not covers(languages, lang):
+        if self.language_aware and not ranks(embedder, lang):
             unranked = (f"the question is in {LANG_NAMES.get(lang, lang)}, which the embedder {embedder.name} "
-                        f"does not rank ({', '.join(sorted(languages or ()))} only)")
+                        f"does not rank ({', '.join(sorted(embedder.languages or ()))} only)")
             if self.mode == "hybrid":
                 return {"lang": lang, "weights": (1.0, 0.0), "why": f"{unranked}: keyword order, not reordered"}
             return {"lang": lang, "weights": (bm25 if bm25 > 0 else 1.0, vec * UNCOVERED_SHARE),
