@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -43,7 +42,6 @@ randomly); see ``evals/RESULTS-retrieval.md``."""
 AUTO_MULTILINGUAL_SHARE = 0.1
 """The share of Chinese documents from which ``auto`` chooses the multilingual model."""
 AUTO_META = "embedder_choice"
-_RECHECK_S = 5.0
 
 
 class _NoVectors:
@@ -88,7 +86,6 @@ class Services:
         self._generator = generator
         self._given = embedder is not None  # a given embedder is never replaced by the auto choice
         self._choice: dict[str, str] | None = None  # auto: the recorded choice, once read
-        self._checked_at = float("-inf")
         self._lock = FileLock(str(self.data_dir / "write.lock"), thread_local=False)
 
     # -- the write lock -------------------------------------------------------------------
@@ -122,8 +119,7 @@ class Services:
     @property
     def embedder(self) -> Embedder:
         """The configured embedder; with ``auto``, the recorded choice (MiniLM until there is one)."""
-        if (self._embedder is not None and not self._given and self.settings.embedder.backend == "auto"
-                and self._choice is None):
+        if self._embedder is not None and not self._given and self._auto and self._choice is None:
             if self.embedder_choice() is not None:  # chosen since, here or by another process
                 self._reset_embedder()
         if self._embedder is None:
@@ -138,19 +134,22 @@ class Services:
         cfg = self.settings.embedder
         if cfg.backend != "auto":
             return cfg
-        if cfg.model is not None:  # a model folder or hub id: a sentence-transformers model
-            return cfg.model_copy(update={"backend": "sentence-transformers"})
-        choice = self.embedder_choice()
-        backend = choice["backend"] if choice else AUTO_BACKENDS["en"]
+        choice = self.embedder_choice()  # None also when a model folder or hub id is named:
+        backend = choice["backend"] if choice else AUTO_BACKENDS["en"]  # then a sentence-transformers one
         return cfg.model_copy(update={"backend": backend})
+
+    @property
+    def _auto(self) -> bool:
+        """``embedder.backend: auto`` with no model named: the first ingest chooses the model."""
+        return self.settings.embedder.backend == "auto" and self.settings.embedder.model is None
 
     def embedder_choice(self) -> dict[str, str] | None:
         """With ``auto``: ``{"backend", "reason"}`` as recorded by the first ingest, else ``None``.
-        Until there is one, the state is read again at most every few seconds."""
-        if self.settings.embedder.backend != "auto" or self.settings.embedder.model is not None:
+        Until there is one, every call reads the state (one meta row), so a choice made by
+        another process is seen at once; after it, none does."""
+        if not self._auto:
             return None
-        if self._choice is None and time.monotonic() - self._checked_at >= _RECHECK_S:
-            self._checked_at = time.monotonic()
+        if self._choice is None:
             raw = self.state.get_meta(AUTO_META)
             self._choice = json.loads(raw) if raw else None
         return self._choice
@@ -158,11 +157,7 @@ class Services:
     @property
     def embedder_undecided(self) -> bool:
         """``auto`` with no choice yet: the next ingest makes it from its first documents."""
-        if (self._given or self.settings.embedder.backend != "auto" or self.settings.embedder.model is not None
-                or self._choice is not None):
-            return False
-        self._checked_at = float("-inf")  # an ingest asks rarely: always read the state
-        return self.embedder_choice() is None
+        return not self._given and self._auto and self.embedder_choice() is None
 
     def choose_embedder(self, langs: Sequence[str]) -> dict[str, str]:
         """With ``auto``: choose the embedder from ``langs``, the languages of a corpus's first
@@ -288,7 +283,7 @@ class Services:
 
     def _embedder_text(self) -> str:
         cfg = self.settings.embedder
-        if cfg.backend != "auto" or cfg.model is not None:
+        if not self._auto:
             return cfg.model or f"{cfg.backend} (default model)"
         choice = self.embedder_choice()
         if choice is None:
