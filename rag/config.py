@@ -86,8 +86,8 @@ class EmbedderSettings(BaseModel):
     languages: list[Literal["en", "zh"]] | None = Field(
         default=None, min_length=1,
         description="Languages the model ranks well; default: known per model (all-MiniLM-L6-v2 and other "
-        "English models: en; USE, e5 and multilingual models: any). Retrieval ignores the vector leg "
-        "for questions in other languages (retrieval.language_aware).",
+        "English models: en; USE, e5 and multilingual models: any). Retrieval all but ignores the "
+        "vector leg for questions in other languages (retrieval.language_aware).",
     )
     api_key: SecretStr | None = Field(default=None, description="cohere: the API key.")
     base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com.")
@@ -168,13 +168,13 @@ class RetrievalSettings(BaseModel):
     rrf_k: float = Field(default=60.0, ge=0)
     weights: tuple[float, float] | None = Field(
         default=None,
-        description="RRF weights of (bm25, vector); default (1, 1), or (1, 0.5) with the USE embedder, "
-        "whose vectors measured weaker than BM25 (see the README's retrieval figures).",
+        description="Fixed RRF weights of (bm25, vector); default: adaptive weights per question, from the "
+        "shape of each leg's scores (rag.retrieval.adaptive; see evals/RESULTS-retrieval.md).",
     )
     language_aware: bool = Field(
         default=True,
-        description="Give the vector leg no weight for a question in a language the embedder does not "
-        "cover (embedder.languages; MiniLM: English only), where its ranking is close to random.",
+        description="Leave the vector leg 3% of its weight for a question in a language the embedder does "
+        "not cover (embedder.languages; MiniLM: English only), where its ranking is close to random.",
     )
     recency_half_life_days: float | None = Field(
         default=None, gt=0,
