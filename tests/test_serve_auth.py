@@ -305,6 +305,20 @@ def test_ragqa_serve_refuses_a_public_host_without_auth_and_allow_insecure_allow
     assert res.exit_code == 0 and started[-1].app.state.ragqa.settings.serve.auth is True  # with auth: fine
 
 
+def test_ragqa_serve_passes_loop_and_http_on_to_uvicorn(corpus, monkeypatch):
+    serve_cli = sys.modules["rag.cli.serve"]
+    started = []
+    monkeypatch.setattr(serve_cli, "_listening_server",
+                        lambda config: SimpleNamespace(run=lambda: started.append(config)))
+    res = CliRunner().invoke(cli, ["serve", "--port", "0", "--no-auth"], env=cli_env(corpus))
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["serve", "--port", "0", "--no-auth", "--loop", "asyncio", "--http", "h11"],
+                             env=cli_env(corpus))
+    assert res.exit_code == 0, res.output
+    assert [(c.loop, c.http) for c in started] == [("auto", "auto"), ("asyncio", "h11")]
+    assert serve_cli._resolve("auto", "uvloop", "asyncio") in ("uvloop", "asyncio (uvloop is not installed)")
+
+
 def test_a_key_from_ragqa_keys_create_works(corpus, http):
     res = CliRunner().invoke(cli, ["keys", "create", "--scope", "query", "--tenant", "acme", "--id", "cli-made"])
     assert res.exit_code == 0, res.output

@@ -12,7 +12,7 @@ import click
 
 from rag.cli.common import Context, handle_errors
 
-__all__ = ["serve", "ask"]
+__all__ = ["ask", "serve"]
 
 
 @click.command()
@@ -22,13 +22,18 @@ __all__ = ["serve", "ask"]
 @click.option("--with-scheduler", is_flag=True, help="Also run the crawl schedule (as `ragqa schedule` does).")
 @click.option("--no-auth", is_flag=True, help="No API keys (serve.auth: false); loopback only unless --allow-insecure.")
 @click.option("--allow-insecure", is_flag=True, help="Serve on a non-loopback host with auth off anyway.")
+@click.option("--loop", type=click.Choice(["auto", "asyncio", "uvloop"]), default="auto", show_default=True,
+              help="Event loop; auto is uvloop when installed (uvicorn[standard]).")
+@click.option("--http", type=click.Choice(["auto", "h11", "httptools"]), default="auto", show_default=True,
+              help="HTTP/1.1 parser; auto is httptools when installed (uvicorn[standard]).")
 @click.pass_obj
 @handle_errors
 def serve(obj: Context, host: str | None, port: int | None, workers: int | None, with_scheduler: bool,
-          no_auth: bool, allow_insecure: bool) -> None:
+          no_auth: bool, allow_insecure: bool, loop: str, http: str) -> None:
     """Serve the OpenAI-compatible and native question-answering API until interrupted.
 
     Requests need an API key from serve.api_keys (`ragqa keys create`) unless auth is off.
+    The event loop and HTTP parser in use are named on stderr at start-up.
     """
     import uvicorn
 
@@ -43,10 +48,11 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
     check_exposure(cfg.model_copy(update=forced))  # one line, before anything is loaded or bound
     settings = services.settings.model_copy(update={"serve": cfg.model_copy(update=forced)})
     level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
+    impl = {"loop": loop, "http": http}
     if workers == 1:  # the schedule runs in the app's lifespan, so it stops before the process does
         app = create_app(settings, services=services, with_scheduler=with_scheduler)
         _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
-                                         timeout_graceful_shutdown=10)).run()
+                                         timeout_graceful_shutdown=10, **impl)).run()
         return
     # Each worker builds its own app from the same settings, passed on in the environment.
     if obj.config:
@@ -63,19 +69,31 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
         scheduler = sched.build_scheduler(services)
         sched.start(scheduler, services)
     try:
-        _announce(host, port)
+        _announce(host, port, loop, http)
         uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
-                    log_level=level, timeout_graceful_shutdown=10)
+                    log_level=level, timeout_graceful_shutdown=10, **impl)
     finally:
         if scheduler is not None:
             scheduler.shutdown(wait=True)
 
 
-def _announce(host: str, port: int) -> None:
+def _announce(host: str, port: int, loop: str, http: str) -> None:
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"ragqa is serving on http://{shown}:{port} - point a browser at http://{shown}:{port}/ "
                f"to chat (API docs: /docs; OpenAI-compatible base URL: http://{shown}:{port}/v1)")
     sys.stdout.flush()
+    click.echo(f"ragqa: event loop {_resolve(loop, 'uvloop', 'asyncio')}, "
+               f"HTTP {_resolve(http, 'httptools', 'h11')}", err=True)
+
+
+def _resolve(choice: str, fast: str, fallback: str) -> str:
+    """What uvicorn's ``auto`` picks: ``fast`` when it can be imported (uvicorn.loops.auto,
+    uvicorn.protocols.http.auto), else ``fallback``."""
+    if choice != "auto":
+        return choice
+    import importlib.util
+
+    return fast if importlib.util.find_spec(fast) is not None else f"{fallback} ({fast} is not installed)"
 
 
 def _listening_server(config: Any) -> Any:
@@ -87,7 +105,7 @@ def _listening_server(config: Any) -> Any:
             await super().startup(sockets)
             if self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
-                _announce(host, port)
+                _announce(host, port, self.config.loop, self.config.http)
 
     return Server(config)
 
