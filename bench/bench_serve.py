@@ -3,34 +3,51 @@
 Builds (or reuses, with ``--data-dir``) a small real index, starts ``ragqa serve --port 0
 --no-auth`` in a subprocess with the extractive generator (so it measures the service, not
 a model; ``--generator`` keeps the configured one) and rate limits off, then runs phases,
-each bounded in time:
+each bounded in time, all request phases on the same server process:
 
+  trivial   ``GET /health``: a route that returns ``{"status": "ok"}`` through the same app
+            (its middleware included): the yardstick for the hit path
+  exact     the same ``--cached-questions`` questions again and again (answer cache on;
+            each is asked once before the clock starts, so every timed request is an
+            exact hit; ``cached`` is its old name)
+  semantic  paraphrases of those questions (a polite preamble, the articles dropped, a
+            comma dropped or added: each misses the exact key, which ignores only case,
+            spacing and trailing punctuation); each is asked once before the clock and
+            only those answered ``cache: semantic`` are timed (a miss was stored under its
+            own key). With ``--embedder hash`` the comma and articles variants embed almost
+            alike; ``--embedder minilm`` measures a real query embedding
   uncached  ``--concurrency`` clients send distinct questions with ``no_cache: true``
-  cached    the same ``--cached-questions`` questions again and again (answer cache on;
-            each is asked once before the clock starts, so every timed request is a hit)
   sse       ``--streams`` (500) streamed ``/v1/ask`` answers (``no_cache``) opened at once and
             held open together: max concurrent open, completed, errors (must be 0), time
             to the first event (``sources``, after retrieval) and to the first delta, both
             processes' event loop lag, and how late deltas were sent, read from the
             stream store by their route and received by the client
 
-The first two print requests/s, p50/p99 latency and errors. Streams only overlap if each
-lasts longer than it takes to open them all, and the extractive answer streams in a few
-milliseconds, so for the ``sse`` phase (``--hold-s`` > 0) a second server runs: the same
-app (``create_app``) with the generator wrapped to spread each answer's deltas over
-``--hold-s`` seconds, started by this script in a subprocess (``--child-server``), also on
-127.0.0.1. Opening 500 answers takes 500 retrievals, so the hold must exceed that ramp
+The request phases print requests/s, p50/p99 latency, errors and the replies' ``cache``
+field; at the end the exact hit's req/s as a share of the trivial route's and both hits'
+p99 beside issue 13's goals (exact >= 50% of trivial, p99 <= 5 ms; semantic p99 <= 20 ms).
+``NAME@N`` runs a request phase with N clients (``--phases semantic@1``). ``--loop asyncio
+--http h11`` serves without uvloop and httptools (uvicorn[standard]) to measure them.
+
+Streams only overlap if each lasts longer than it takes to open them all, and the
+extractive answer streams in a few milliseconds, so for the ``sse`` phase (``--hold-s`` >
+0) a second server runs: the same app (``create_app``) with the generator wrapped to spread
+each answer's deltas over ``--hold-s`` seconds, started by this script in a subprocess
+(``--child-server``), also on 127.0.0.1. Opening 500 answers takes 500 retrievals, so the hold must exceed that ramp
 (the script warns when the first streams ended before the last opened).
 
     python bench/bench_serve.py                         # pydocs index in a temp dir, ~4 min
     python bench/bench_serve.py --data-dir /tmp/bsv     # build once, reuse on the next runs
     python bench/bench_serve.py --phases sse --streams 1000 --hold-s 120
     python bench/bench_serve.py --corpus docs --embedder minilm --json out.json
+    python bench/bench_serve.py --phases trivial,exact,semantic --duration 10 --loop asyncio --http h11
 
-The client is asyncio + httpx rather than locust or wrk: one process holds 500 SSE
-streams as cheaply as 500 sockets, reads every event to time it, and needs no extra
-package (locust brings gevent; wrk cannot parse SSE without Lua). Client and server share
-the machine's cores, so the figures are of the pair, not of the server alone.
+The client is asyncio rather than locust or wrk: one process holds 500 SSE streams (httpx)
+as cheaply as 500 sockets, reads every event to time it, and needs no extra package
+(locust brings gevent; wrk cannot parse SSE without Lua). The request phases use a lean
+keep-alive HTTP/1.1 client instead (``serve_load.py``), as httpx's own cost per request
+would cap the trivial route. Client and server share the machine's cores, so the figures
+are of the pair, not of the server alone.
 
 Loopback only: the servers bind 127.0.0.1 and the client refuses any other host.
 """
@@ -47,7 +64,6 @@ import re
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -63,10 +79,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from serve_load import (  # beside this file
+    LOOPBACK,
+    Connection,
+    Phase,
+    Request,
+    ask_once,
+    closed_loop,
+    pct,
+    semantic_requests,
+)
+
+REQUEST_PHASES = ("trivial", "exact", "semantic", "uncached")
+PHASES = (*REQUEST_PHASES, "sse")
+
 PYDOCS = ROOT / "tests" / "data" / "crawl-pydocs311" / "v1.tar.xz"
 EMBEDDERS = {"hash": {"backend": "hash", "dim": 256, "progress": False},
              "minilm": {"backend": "sentence-transformers", "progress": False}}
-LOOPBACK = "127.0.0.1"
 
 
 # -- the index ----------------------------------------------------------------------------
@@ -258,7 +287,7 @@ class TimedStore:
         return events, finished
 
 
-def child_server(hold_s: float, lag_file: Path | None) -> None:
+def child_server(hold_s: float, lag_file: Path | None, loop: str = "auto", http: str = "auto") -> None:
     """The ``sse`` phase's server: ``ragqa serve``'s app with a slowed generator, on 127.0.0.1.
     Its event loop's lag (how late a 50 ms timer fires) goes to ``lag_file`` when it stops."""
     import socket
@@ -301,7 +330,8 @@ def child_server(hold_s: float, lag_file: Path | None) -> None:
             await super().shutdown(sockets)
             services.close()
 
-    Announcing(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, backlog=4096)).run(sockets=[sock])
+    Announcing(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, backlog=4096,
+                              loop=loop, http=http)).run(sockets=[sock])
 
 
 class LoopLag:
@@ -360,33 +390,6 @@ def stats(ms: Sequence[float]) -> dict[str, float]:
 
 
 # -- the load -----------------------------------------------------------------------------
-def pct(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1), nearest rank; NaN when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
-@dataclass
-class Phase:
-    name: str
-    concurrency: int
-    duration_s: float = 0.0
-    latencies_ms: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    cache: Counter[str] = field(default_factory=Counter)
-
-    def summary(self) -> dict[str, Any]:
-        ok = len(self.latencies_ms)
-        return {"phase": self.name, "concurrency": self.concurrency, "duration_s": round(self.duration_s, 2),
-                "requests": ok + sum(self.errors.values()), "ok": ok, "errors": sum(self.errors.values()),
-                "error_kinds": dict(self.errors), "req_per_s": round(ok / self.duration_s, 1) if self.duration_s else 0,
-                "p50_ms": round(pct(self.latencies_ms, 0.5), 1), "p99_ms": round(pct(self.latencies_ms, 0.99), 1),
-                "mean_ms": round(statistics.fmean(self.latencies_ms), 1) if ok else float("nan"),
-                "cache": dict(self.cache)}
-
-
 def client(base: str, connections: int) -> Any:
     import httpx
 
@@ -394,36 +397,6 @@ def client(base: str, connections: int) -> Any:
         raise SystemExit(f"refusing to load {base}: loopback ({LOOPBACK}) only")
     return httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(120, connect=60),
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
-
-
-async def closed_loop(base: str, phase: Phase, questions: list[str], no_cache: bool) -> Phase:
-    """``phase.concurrency`` clients, each asking its next question when its answer arrives."""
-    async with client(base, phase.concurrency) as http:
-        if not no_cache:  # fill the cache, untimed
-            for q in questions:
-                (await http.post("/v1/ask", json={"question": q})).raise_for_status()
-        counter = iter(range(10**9))
-        deadline = time.perf_counter() + phase.duration_s
-
-        async def worker() -> None:
-            while time.perf_counter() < deadline:
-                q = questions[next(counter) % len(questions)]
-                t0 = time.perf_counter()
-                try:
-                    reply = await http.post("/v1/ask", json={"question": q, "no_cache": no_cache})
-                except Exception as exc:  # noqa: BLE001 - counted, the load goes on
-                    phase.errors[type(exc).__name__] += 1
-                    continue
-                if reply.status_code != 200:
-                    phase.errors[f"HTTP {reply.status_code}"] += 1
-                    continue
-                phase.latencies_ms.append((time.perf_counter() - t0) * 1000)
-                phase.cache[reply.json().get("cache", "?")] += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(phase.concurrency)))
-        phase.duration_s = time.perf_counter() - t0  # includes the requests in flight at the deadline
-    return phase
 
 
 @dataclass
@@ -562,6 +535,9 @@ async def sse_phase(base: str, n: int, questions: list[str], timeout_s: float) -
 
 # -- the report ---------------------------------------------------------------------------
 def print_phase(s: dict[str, Any]) -> None:
+    if s["phase"] == "server":
+        print(f"  server    {s['implementation']}")
+        return
     if s["phase"] == "first":
         embed = (s["timings"] or {}).get("embed_ms")
         print(f"  first     the first question after start-up: HTTP {s['status']} in {s['ms']} ms (embed {embed} ms)")
@@ -589,7 +565,11 @@ def print_phase(s: dict[str, Any]) -> None:
                 print(f"            while the server loop was > 0.5 s behind, {seconds} s in: {stack}")
         return
     print(f"  {s['phase']:<9} c={s['concurrency']:<3} {s['req_per_s']:>7} req/s  p50 {s['p50_ms']:>7} ms  "
-          f"p99 {s['p99_ms']:>7} ms  ok {s['ok']}  errors {s['errors']} {s['error_kinds'] or ''}  cache {s['cache']}")
+          f"p99 {s['p99_ms']:>7} ms  ok {s['ok']}  errors {s['errors']} {s['error_kinds'] or ''}"
+          + (f"  cache {s['cache']}" if s["cache"] else ""))
+    if "paraphrases_tried" in s:
+        print(f"            {s['paraphrases_semantic']} of {s['paraphrases_tried']} paraphrases were semantic hits "
+              f"when first asked ({s['paraphrases_by_kind']}); the phase asks those")
 
 
 def fmt_lag(lag: dict[str, float] | None, p50: bool = False) -> str:
@@ -605,32 +585,51 @@ def cpu_state() -> str:
 
 async def run_phases(args: argparse.Namespace, env: dict[str, str], questions: list[str]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    phases = args.phases
-    serve_cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--no-auth"]
-    if {"uncached", "cached"} & set(phases) or ("sse" in phases and args.hold_s <= 0):
+    phases: list[tuple[str, int]] = args.phases
+    names = {name for name, _ in phases}
+    serve_cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--no-auth",
+                 "--loop", args.loop, "--http", args.http]
+    if names & set(REQUEST_PHASES) or ("sse" in names and args.hold_s <= 0):
         with start_server(serve_cmd, env, "ragqa serve") as server:
+            results.append({"phase": "server", "implementation": await implementation(server)})
+            print_phase(results[-1])
             results.append(await first_answer(server.url, questions[-1]))
             print_phase(results[-1])
-            if "uncached" in phases:
-                print(f"uncached: {cpu_state()}", file=sys.stderr)
-                phase = await closed_loop(server.url, Phase("uncached", args.concurrency, args.duration),
-                                          questions, no_cache=True)
+            originals = questions[: args.cached_questions]
+            semantic: tuple[list[Request], dict[str, Any]] | None = None
+            for name, concurrency in phases:
+                if name == "sse":
+                    if args.hold_s <= 0:
+                        results.append((await sse(args, server.url, questions)).summary())
+                        print_phase(results[-1])
+                    continue
+                extra: dict[str, Any] = {}
+                if name == "trivial":
+                    requests = [Request("GET", "/health")]
+                elif name == "uncached":
+                    requests = [Request("POST", "/v1/ask", {"question": q, "no_cache": True}) for q in questions]
+                elif name == "exact":  # each asked once before the clock: every timed request is a hit
+                    requests = [Request("POST", "/v1/ask", {"question": q}) for q in originals]
+                    conn = Connection(server.url)
+                    for q in originals:
+                        await ask_once(conn, q)
+                    conn.close()
+                else:  # semantic: paraphrases of the exact phase's questions, kept if they were semantic hits
+                    semantic = semantic or await semantic_requests(server.url, originals)
+                    requests, extra = semantic
+                    if not requests:
+                        print(f"semantic: none of {extra['paraphrases_tried']} paraphrases was a semantic hit "
+                              f"({extra['paraphrases_by_kind']}); phase skipped", file=sys.stderr)
+                        continue
+                print(f"{name}: {cpu_state()}", file=sys.stderr)
+                phase = await closed_loop(server.url, Phase(name, concurrency, args.duration, extra=extra), requests)
                 results.append(phase.summary())
                 print_phase(results[-1])
-            if "cached" in phases:
-                print(f"cached: {cpu_state()}", file=sys.stderr)
-                phase = await closed_loop(server.url, Phase("cached", args.concurrency, args.duration),
-                                          questions[: args.cached_questions], no_cache=False)
-                results.append(phase.summary())
-                print_phase(results[-1])
-            if "sse" in phases and args.hold_s <= 0:
-                results.append((await sse(args, server.url, questions)).summary())
-                print_phase(results[-1])
-    if "sse" in phases and args.hold_s > 0:
+    if "sse" in names and args.hold_s > 0:
         with tempfile.TemporaryDirectory(prefix="bench-serve-lag-") as tmp:
             lag_file = Path(tmp) / "lag.json"
             child = [sys.executable, str(Path(__file__).resolve()), "--child-server", "--hold-s", str(args.hold_s),
-                     "--lag-file", str(lag_file)]
+                     "--lag-file", str(lag_file), "--loop", args.loop, "--http", args.http]
             with start_server(child, env, f"app with answers held {args.hold_s:g} s") as server:
                 run = await sse(args, server.url, questions)
             if lag_file.is_file():  # written as the server stopped
@@ -639,6 +638,63 @@ async def run_phases(args: argparse.Namespace, env: dict[str, str], questions: l
             results.append(summary)
             print_phase(summary)
     return results
+
+
+async def implementation(server: Server, wait_s: float = 5.0) -> str:
+    """The event loop and HTTP parser ``ragqa serve`` named on stderr when it started."""
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        found = next((line.strip() for line in server.stderr if "event loop" in line), None)
+        if found:
+            return found.removeprefix("ragqa: ")
+        await asyncio.sleep(0.05)
+    return "unknown (ragqa serve did not name it)"
+
+
+def parse_phases(text: str, concurrency: int) -> list[tuple[str, int]]:
+    """``trivial,exact,semantic@1`` -> [("trivial", 16), ("exact", 16), ("semantic", 1)]."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, clients = item.partition("@")
+        name = {"cached": "exact"}.get(name, name)  # its name before the trivial and semantic phases
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}: choose from {', '.join(PHASES)}")
+        if name == "sse" and clients:
+            raise ValueError("the sse phase's clients are --streams, not @N")
+        out.append((name, int(clients) if clients else concurrency))
+    return out
+
+
+def goals(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The hit path's figures beside issue 13's goals: exact hit >= 50% of the trivial route's
+    req/s with p99 <= 5 ms, semantic hit p99 <= 20 ms (at the same concurrency)."""
+    out: dict[str, Any] = {}
+    trivial = {r["concurrency"]: r for r in results if r["phase"] == "trivial"}
+    for r in results:
+        c = r.get("concurrency")
+        if r["phase"] == "exact":
+            base = trivial.get(c)
+            share = round(100 * r["req_per_s"] / base["req_per_s"], 1) if base and base["req_per_s"] else None
+            out[f"exact@{c}"] = {"req_per_s": r["req_per_s"], "trivial_req_per_s": base and base["req_per_s"],
+                                 "pct_of_trivial": share, "p99_ms": r["p99_ms"],
+                                 "met": share is not None and share >= 50 and r["p99_ms"] <= 5}
+        elif r["phase"] == "semantic":
+            out[f"semantic@{c}"] = {"p99_ms": r["p99_ms"], "semantic_replies": r["cache"].get("semantic", 0),
+                                    "replies": r["ok"], "met": r["p99_ms"] <= 20}
+    return out
+
+
+def print_goals(found: dict[str, Any]) -> None:
+    for name, g in found.items():
+        kind, _, c = name.partition("@")
+        met = "met" if g["met"] else "not met"
+        if kind == "exact":
+            share = "n/a (no trivial phase at this concurrency)" if g["pct_of_trivial"] is None else (
+                f"{g['req_per_s']} / {g['trivial_req_per_s']} req/s = {g['pct_of_trivial']}% of the trivial route's")
+            print(f"  goal      exact hit at c={c}: {share} (>= 50%), p99 {g['p99_ms']} ms (<= 5 ms): {met}")
+        else:
+            print(f"  goal      semantic hit at c={c}: p99 {g['p99_ms']} ms (<= 20 ms): {met}; "
+                  f"{g['semantic_replies']} of {g['replies']} timed replies were semantic hits")
 
 
 async def first_answer(base: str, question: str) -> dict[str, Any]:
@@ -669,10 +725,17 @@ def main() -> None:
     p.add_argument("--embedder", choices=sorted(EMBEDDERS), default="hash")
     p.add_argument("--vector", choices=["numpy", "milvus"], default="numpy")
     p.add_argument("--generator", action="store_true", help="Use the configured generator, not extractive.")
-    p.add_argument("--phases", default="uncached,cached,sse", help="Comma-separated: uncached, cached, sse.")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"Comma-separated, in this order: {', '.join(PHASES)} (cached: exact); "
+                        "NAME@N runs a request phase with N clients (semantic@1).")
     p.add_argument("--duration", type=float, default=20.0, help="Seconds per request phase.")
     p.add_argument("--concurrency", type=int, default=16, help="Clients in the request phases.")
-    p.add_argument("--cached-questions", type=int, default=8, help="Distinct questions in the cached phase.")
+    p.add_argument("--cached-questions", type=int, default=8,
+                   help="Distinct questions in the exact phase (their paraphrases: the semantic phase).")
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="The servers' event loop (ragqa serve --loop); auto: uvloop when installed.")
+    p.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto",
+                   help="The servers' HTTP parser (ragqa serve --http); auto: httptools when installed.")
     p.add_argument("--streams", type=int, default=500, help="SSE streams opened at once.")
     p.add_argument("--hold-s", type=float, default=75.0,
                    help="The sse phase's server spreads each answer over this many seconds (0: the plain ragqa serve).")
@@ -684,12 +747,12 @@ def main() -> None:
     args = p.parse_args()
     if args.child_server:
         raise_nofile(65536)
-        child_server(args.hold_s, args.lag_file)
+        child_server(args.hold_s, args.lag_file, args.loop, args.http)
         return
-    args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
-    unknown = set(args.phases) - {"uncached", "cached", "sse"}
-    if unknown:
-        p.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    try:
+        args.phases = parse_phases(args.phases, args.concurrency)
+    except ValueError as exc:
+        p.error(str(exc))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = 2 * args.streams + 256
     got = raise_nofile(need)
@@ -704,13 +767,16 @@ def main() -> None:
             raise SystemExit(f"only {len(questions)} questions in the corpus")
         env = server_env(config_path, data_dir.resolve(), args.generator)
         print(f"ragqa serve bench: corpus {args.corpus}, embedder {args.embedder}, vector {args.vector}, generator "
-              f"{'configured' if args.generator else 'extractive'}; {cpu_state()}")
+              f"{'configured' if args.generator else 'extractive'}; --loop {args.loop} --http {args.http}; "
+              f"{cpu_state()}")
         t0 = time.perf_counter()
         results = asyncio.run(run_phases(args, env, questions))
+        found = goals(results)
+        print_goals(found)
         print(f"done in {time.perf_counter() - t0:.0f} s; {cpu_state()}")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                        indent=2))
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                                         "goals": found}, indent=2))
 
 
 if __name__ == "__main__":
