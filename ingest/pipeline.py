@@ -7,7 +7,9 @@ source no longer has are deleted from every index, but only after a crawl that c
 the whole source and had no errors: a failing crawl never deletes anything.
 
 Indexes are written before the state database, so a run that dies half way leaves the
-old state in place and the next run redoes the unfinished documents.
+old state in place and the next run redoes the unfinished documents. The state database logs
+which chunks each document lost and gained, and the answer cache drops exactly the answers
+built from lost ones (:mod:`rag.cache`): a run that changed nothing keeps every answer.
 
 Example::
 
@@ -31,6 +33,7 @@ from ingest.normalize import text_hash
 from ingest.sources import open_source
 from ingest.sources.base import Fetched, Validator
 from ingest.vectors import vectors_for
+from rag.cache import push_changes
 from rag.errors import ConfigError
 from rag.metrics import CHUNKS_EMBEDDED, INDEX_LAST_SUCCESS, REINDEX_RUNS
 from rag.services import Services
@@ -65,6 +68,7 @@ class RunReport:
     seconds: float = 0.0
     complete: bool = True
     deletions_skipped: bool = False
+    answers_dropped: int = 0  # from a shared (Redis) answer cache; a memory cache drops its own at its next lookup
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -252,10 +256,12 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         report.errors.append(str(exc) or type(exc).__name__)
         state.finish_run(run_id, "error", report.as_dict())
         REINDEX_RUNS.labels(source, mode, "error").inc()
+        push_changes(services)  # what it did change before failing
         raise
     report.seconds = round(time.monotonic() - started, 3)
     status = "ok" if report.complete and report.failed == 0 else "partial"
     state.finish_run(run_id, status, report.as_dict())
+    report.answers_dropped = push_changes(services)
     REINDEX_RUNS.labels(source, mode, status).inc()
     CHUNKS_EMBEDDED.labels(source).inc(report.chunks_embedded)
     if status == "ok":

@@ -18,6 +18,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -26,7 +27,7 @@ from typing import Any
 
 from rag.config import SourceConfig
 from rag.errors import ConfigError
-from rag.types import Chunk, Document, Trust
+from rag.types import Chunk, Document, IndexChange, Trust
 
 __all__ = ["StateDB", "DocState", "chunk_to_json", "chunk_from_json"]
 
@@ -49,7 +50,13 @@ CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, mode TEXT NOT NULL,
     started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, report TEXT);
 CREATE INDEX IF NOT EXISTS runs_source ON runs(source, started_at);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
+    removed TEXT NOT NULL, added INTEGER NOT NULL);
 """
+CHANGE_LOG_S = 8 * 86_400
+"""How long the change log keeps an entry: longer than an answer can be cached (``cache.ttl_s``
+is at most 7 days), so a cache that reads the log never misses a change to an answer it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,13 @@ def chunk_from_json(text: str) -> Chunk:
 
 
 class StateDB:
-    """SQLite state for sources, documents, chunks and runs. Safe to share between threads."""
+    """SQLite state for sources, documents, chunks, runs and the change log. Safe to share
+    between threads.
+
+    The change log (:class:`rag.types.ChangeLog`) records, in the transaction that replaces or
+    deletes a document's chunks, the chunk ids that left the index and how many arrived; the
+    answer cache reads it to drop exactly the answers built from changed text.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +111,8 @@ class StateDB:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._logged = 0  # changes this connection wrote (``PRAGMA data_version`` counts the others)
+        self.log_id = self.get_meta("log_id") or self._new_log_id()
 
     def close(self) -> None:
         with self._lock:
@@ -168,7 +183,16 @@ class StateDB:
 
     def save_document(self, doc: Document, text_hash: str, etag: str | None,
                       last_modified: str | None, chunks: Sequence[Chunk]) -> None:
-        """Record a (re)indexed document and replace its chunk rows, in one transaction."""
+        """Record a (re)indexed document and replace its chunk rows, logging the change, in one
+        transaction."""
+        with self._lock:
+            old = set(self.chunk_hashes(doc.id))
+            new = {c.id for c in chunks}
+            self._write(self._save_statements(doc, text_hash, etag, last_modified, chunks)
+                        + self._change(doc.source, "chunks", old - new, len(new - old)))
+
+    def _save_statements(self, doc: Document, text_hash: str, etag: str | None, last_modified: str | None,
+                         chunks: Sequence[Chunk]) -> list[tuple[str, Sequence[Any]]]:
         statements: list[tuple[str, Sequence[Any]]] = [
             (
                 "INSERT OR REPLACE INTO documents (id, source, url, title, text_hash, etag, "
@@ -184,7 +208,7 @@ class StateDB:
              (c.id, c.doc_id, c.source, c.ordinal, c.hash, chunk_to_json(c)))
             for c in chunks
         ]
-        self._write(statements)
+        return statements
 
     def touch_document(self, doc_id: str, etag: str | None, last_modified: str | None,
                        fetched_at: datetime | None) -> None:
@@ -197,13 +221,51 @@ class StateDB:
         )
 
     def delete_documents(self, doc_ids: Iterable[str]) -> None:
+        """Delete documents and their chunks, logging the chunks that left, in one transaction."""
         ids = list(doc_ids)
-        statements: list[tuple[str, Sequence[Any]]] = []
-        for doc_id in ids:
-            statements.append(("DELETE FROM chunks WHERE doc_id = ?", (doc_id,)))
-            statements.append(("DELETE FROM documents WHERE id = ?", (doc_id,)))
-        if statements:
+        if not ids:
+            return
+        with self._lock:
+            statements: list[tuple[str, Sequence[Any]]] = []
+            for doc_id in ids:
+                row = self._rows("SELECT source FROM documents WHERE id = ?", (doc_id,))
+                statements += self._change(row[0]["source"] if row else "", "chunks", set(self.chunk_hashes(doc_id)), 0)
+                statements.append(("DELETE FROM chunks WHERE doc_id = ?", (doc_id,)))
+                statements.append(("DELETE FROM documents WHERE id = ?", (doc_id,)))
             self._write(statements)
+
+    # -- the change log -----------------------------------------------------------------
+    def _new_log_id(self) -> str:
+        with self._lock:
+            self._write([("INSERT OR IGNORE INTO meta (key, value) VALUES ('log_id', ?)", (uuid.uuid4().hex,))])
+            return self.get_meta("log_id") or ""
+
+    def _change(self, source: str, kind: str, removed: set[str], added: int) -> list[tuple[str, Sequence[Any]]]:
+        if kind == "chunks" and not removed and not added:
+            return []  # a reindex that changed nothing logs nothing
+        self._logged += 1
+        return [("INSERT INTO changes (at, source, kind, removed, added) VALUES (?, ?, ?, ?, ?)",
+                 (time.time(), source, kind, json.dumps(sorted(removed)), added))]
+
+    def log_purge(self, source: str | None = None) -> int:
+        """Log an operator's purge of the answers built from ``source`` (all answers when
+        ``None``); every cache reading the log applies it. Returns its sequence number."""
+        with self._lock:
+            self._write(self._change(source or "", "purge", set(), 0))
+            return self.last_change()
+
+    def change_token(self) -> object:
+        """Differs after any commit by another connection, or a change logged by this one."""
+        with self._lock:
+            return self._db.execute("PRAGMA data_version").fetchone()[0], self._logged
+
+    def changes_since(self, seq: int) -> list[IndexChange]:
+        rows = self._rows("SELECT * FROM changes WHERE seq > ? ORDER BY seq", (seq,))
+        return [IndexChange(r["seq"], r["source"], r["kind"], tuple(json.loads(r["removed"])), r["added"])
+                for r in rows]
+
+    def last_change(self) -> int:
+        return int(self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM changes")[0]["seq"])
 
     # -- chunks -------------------------------------------------------------------------
     def chunk_hashes(self, doc_id: str) -> dict[str, str]:
@@ -238,10 +300,12 @@ class StateDB:
             return int(cur.lastrowid or 0)
 
     def finish_run(self, run_id: int, status: str, report: dict[str, Any]) -> None:
-        self._write([(
-            "UPDATE runs SET finished_at = ?, status = ?, report = ? WHERE id = ?",
-            (time.time(), status, json.dumps(report, default=str), run_id),
-        )])
+        now = time.time()
+        self._write([
+            ("UPDATE runs SET finished_at = ?, status = ?, report = ? WHERE id = ?",
+             (now, status, json.dumps(report, default=str), run_id)),
+            ("DELETE FROM changes WHERE at < ?", (now - CHANGE_LOG_S,)),
+        ])
 
     def last_run(self, source: str) -> dict[str, Any] | None:
         rows = self._rows(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
-from rag.errors import BackendError, GeneratorError
+from rag.errors import BackendError, BackendUnavailable, GeneratorError
 from rag.focus import focus_hits
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
@@ -152,14 +152,30 @@ class Answerer:
         if cache is not None:
             try:
                 lookup = await asyncio.to_thread(cache.lookup, question, **args)
-            except Exception as exc:  # noqa: BLE001 - a cache that is down is a miss, not an error
+            except BackendUnavailable as exc:  # the store said so once; a cache that is down is a miss
+                log.debug("answer cache lookup failed, answering without it: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - a cache that fails is a miss, not an error
                 log.warning("answer cache lookup failed, answering without it: %s", exc)
-        if lookup is not None and lookup.answer is not None:
-            for event in _replay(lookup, started):
-                yield event
-            return
         vector = lookup.vector if lookup is not None else None
-        events = self._answer(question, verdict=verdict, query_vector=vector, **args)
+        events = None
+        if lookup is not None and lookup.answer is not None:
+            if not lookup.recheck:
+                for event in _replay(lookup, started):
+                    yield event
+                return
+            # Its sources gained chunks since it was stored: serve it only if the context is
+            # still the same passages. The answer's own retrieval and packing decide, and on a
+            # difference they go on to generate.
+            events = self._answer(question, verdict=verdict, query_vector=vector, **args)
+            first = await events.__anext__()
+            if first.kind == "sources" and await self._recheck(cache, lookup, first.citations):  # type: ignore[arg-type]
+                await events.aclose()  # type: ignore[attr-defined]
+                for event in _replay(lookup, started):
+                    yield event
+                return
+            events = _prepend(first, events)
+        if events is None:
+            events = self._answer(question, verdict=verdict, query_vector=vector, **args)
         parts: list[str] = []
         sources: tuple[Citation, ...] = ()
         try:
@@ -178,6 +194,14 @@ class Answerer:
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]
+
+    @staticmethod
+    async def _recheck(cache: AnswerCacheLayer, lookup: Lookup, context: tuple[Citation, ...]) -> bool:
+        try:
+            return await asyncio.to_thread(cache.recheck, lookup, context)
+        except Exception as exc:  # noqa: BLE001 - unchecked is answered afresh
+            log.warning("answer cache recheck failed, answering afresh: %s", exc)
+            return False
 
     @staticmethod
     async def _store(cache: AnswerCacheLayer, lookup: Lookup, answer: CachedAnswer) -> None:
@@ -319,6 +343,15 @@ def _counts(infer: Attributor | None) -> dict[str, int]:
     if infer is None:
         return {}
     return {"inferred": infer.attributed, "unsupported": infer.unsupported}
+
+
+async def _prepend(first: AnswerEvent, rest: AsyncIterator[AnswerEvent]) -> AsyncIterator[AnswerEvent]:
+    try:
+        yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 def _replay(lookup: Lookup, started: float) -> list[AnswerEvent]:

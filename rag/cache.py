@@ -1,43 +1,56 @@
-"""Answer caches in front of generation: an exact cache and a semantic one.
+"""Answer caches in front of generation: an exact cache and a semantic one, as fresh as the index.
 
 A question is first looked up **exactly**: the key hashes the normalised question (Unicode
 NFKC, case-folded, spaces collapsed, trailing punctuation dropped) together with its
 *scope*: the filters (tenant included), ``top_k``, the conversation so far, the request's
-sampling overrides, a fingerprint of the settings that shape an answer (retrieval,
-generator, sampling, prompt, embedder, index backends) and the *index epoch* (the latest
-ingest run in the state database, its status and end). So a reindex, from the API, the
-scheduler or the CLI in another process, moves every question to a new scope: answers
-cached before it are never served again, and age out. (Instances sharing a Redis cache but
-not a data directory do not see each other's reindexes: theirs age out after ``ttl_s``.)
+sampling overrides and a fingerprint of the settings that shape an answer (retrieval,
+generator, sampling, prompt, embedder, index backends). On an exact miss it is looked up
+**semantically**: the question's embedding (the deployment's embedder) against the answers
+cached in the same scope, served when the cosine is at least ``cache.semantic_threshold``
+(0.95) and both questions name the same numbers ("Python 3.11" is not "Python 3.12", which
+MiniLM puts at 0.93).
 
-On an exact miss it is looked up **semantically**: the question's embedding (the
-deployment's embedder) against the answers cached in the same scope, served when the cosine
-is at least ``cache.semantic_threshold`` (0.95) and both questions name the same numbers
-("Python 3.11" is not "Python 3.12", which MiniLM puts at 0.93).
+**Freshness.** An answer lives ``cache.ttl_s`` (24 hours), unless the index changes under it:
+
+- Each answer records the chunks its context held (all the packed passages, cited or not:
+  an uncited passage still shapes an answer) and their sources. Chunk ids hash their text,
+  so a reindex that edits a passage removes its id. The state database logs, in the
+  transaction that replaces a document's chunks, the ids that left and how many arrived
+  (:class:`rag.types.ChangeLog`); the cache applies that log before every lookup (a cheap
+  ``PRAGMA data_version`` says when there is anything new) and drops exactly the answers
+  built from a removed chunk. A reindex that changed nothing drops nothing.
+- New content is the other way an answer goes stale: a page added (or a passage added to a
+  page) that the same question would now retrieve. Each store keeps a clock, and the clock
+  of each source's last addition; an answer whose sources (its filter's, or all) gained
+  chunks since it was stored is **rechecked** on its next hit: the answerer retrieves and
+  packs the context again (no generation), and serves the cached answer only if the context
+  is the same passages in the same order, else answers afresh with that context. So the
+  rule is exact, costs one retrieval (tens of milliseconds) once per answer after an
+  addition, and nothing otherwise.
+- On the Redis backend the dependency index, the clock and how far each state database's log
+  has been applied live in Redis, so instances that share it but not a data directory see
+  each other's invalidations: the ingesting process applies its own changes after each run
+  (:func:`push_changes`).
+- ``ragqa cache purge`` (and ``POST /admin/cache/purge``) logs a purge of one source's
+  answers (or all) the same way.
 
 Only complete answers are stored: ``finish_reason`` ``stop``, not degraded (extractive
 fallback), not blocked, not empty. A hit is replayed by :class:`rag.answer.Answerer` as the
 usual events (sources, the text as one delta, done) with ``cache: "hit"`` or ``"semantic"``.
 
-Two stores implement :class:`rag.types.AnswerCache`:
-
-- :class:`MemoryAnswerCache` (``cache.backend: memory``, the embedded default): this
-  process's dict, least recently used dropped past ``cache.max_entries``, each entry expiring
-  after ``cache.ttl_s``; a semantic lookup is one matrix product over the scope's entries.
-- :class:`RedisAnswerCache` (``cache.backend: redis``): shared by workers and instances.
-  Entries are hashes that expire after ``ttl_s``; each scope keeps a list of its
-  ``cache.semantic_scan`` (256) most recently stored keys, and a semantic lookup fetches
-  those vectors (float16, 768 bytes each for 384 dimensions) and compares them here. So a
-  paraphrase of an answer older than the scope's last 256 is not found semantically (an
-  exact repeat still is). Redis 7 from Debian has no vector search (no RediSearch module),
-  hence the bounded scan.
+The stores (:mod:`rag.cache_stores`, :class:`rag.types.AnswerCache`): :class:`MemoryAnswerCache`
+(``cache.backend: memory``, the embedded default; this process's LRU dict) and
+:class:`RedisAnswerCache` (``cache.backend: redis``: shared by workers and instances; a
+semantic lookup compares the scope's ``cache.semantic_scan`` most recent answers). A Redis
+that is down makes every lookup a quick miss, counted in ``answer_cache_errors_total``,
+until it is back.
 
 Example::
 
     cache = make_answer_cache(services, salt=generator.name)      # None when cache.backend is off
     lookup = cache.lookup("How do I read a file?", filters=Filters(), history=(), top_k=None)
-    if lookup.answer is None:
-        ...  # generate, then
+    if lookup.answer is None or lookup.recheck:
+        ...  # generate (or compare the context again), then
         cache.store(lookup, CachedAnswer(text, sources, citations, "stop", usage))
 """
 
@@ -50,7 +63,6 @@ import re
 import threading
 import time
 import unicodedata
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -58,16 +70,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag.cache_stores import MemoryAnswerCache, RedisAnswerCache
 from rag.errors import ConfigError
 from rag.lang import detect_lang, ranks
-from rag.types import AnswerCache, Citation, Filters
+from rag.metrics import CACHE_RECHECKS
+from rag.types import AnswerCache, ChangeLog, Citation, Filters
 
 if TYPE_CHECKING:
     from rag.config import CacheSettings, Settings
     from rag.services import Services
 
 __all__ = ["CachedAnswer", "Lookup", "MemoryAnswerCache", "RedisAnswerCache", "AnswerCacheLayer",
-           "make_answer_cache", "normalise_question", "config_fingerprint", "index_epoch"]
+           "make_answer_cache", "make_store", "apply_changes", "push_changes", "normalise_question",
+           "config_fingerprint"]
 
 log = logging.getLogger(__name__)
 _TRAILING = re.compile(r"[\s?？!！.。,，;；:：、…]+$")
@@ -132,175 +147,12 @@ class Lookup:
     question: str
     kind: str = "miss"  # hit | semantic | miss
     answer: CachedAnswer | None = None
+    recheck: bool = False  # the answer's sources gained chunks since it was stored: compare its context first
+    generation: int = 0  # the store's clock at the lookup
+    entry: str = ""  # the key the answer is stored under (the lookup's own key for an exact hit)
     similarity: float | None = None
     vector: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
-
-
-# -- the stores ------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class _Entry:
-    value: dict[str, Any]
-    expires: float
-    scope: str | None
-    vector: np.ndarray | None
-
-
-class MemoryAnswerCache:
-    """This process's answers: an LRU dict with per-entry expiry, and per-scope vectors for
-    the semantic lookup. Thread-safe (lookups run in worker threads)."""
-
-    def __init__(self, max_entries: int = 10_000, ttl_s: float = 3600, clock: Callable[[], float] = time.time) -> None:
-        self.max_entries = max_entries
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._scopes: dict[str, dict[str, np.ndarray]] = {}
-        self._matrices: dict[str, tuple[list[str], np.ndarray]] = {}  # scope -> (keys, vectors), until it changes
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if entry.expires <= self.clock():
-                self._drop(key)
-                return None
-            self._entries.move_to_end(key)
-            return entry.value
-
-    def put(self, key: str, value: dict[str, Any], ttl_s: float | None = None, *,
-            scope: str | None = None, vector: np.ndarray | None = None) -> None:
-        with self._lock:
-            self._drop(key)
-            self._entries[key] = _Entry(value, self.clock() + (ttl_s or self.ttl_s), scope, vector)
-            if scope is not None and vector is not None:
-                self._scopes.setdefault(scope, {})[key] = np.asarray(vector, dtype=np.float32)
-                self._matrices.pop(scope, None)
-            while len(self._entries) > self.max_entries:
-                self._drop(next(iter(self._entries)))
-
-    def nearest(self, scope: str, vector: np.ndarray, threshold: float, limit: int = 3) -> list[tuple[dict[str, Any], float]]:
-        with self._lock:
-            members = self._scopes.get(scope)
-            if not members:
-                return []
-            cached = self._matrices.get(scope)
-            if cached is None:
-                keys = list(members)
-                cached = self._matrices[scope] = (keys, np.stack([members[k] for k in keys]))
-            keys, matrix = cached
-            scores = matrix @ np.asarray(vector, dtype=np.float32)
-            now, out = self.clock(), []
-            for i in np.argsort(-scores)[: limit * 4]:
-                if scores[i] < threshold or len(out) >= limit:
-                    break
-                entry = self._entries.get(keys[i])
-                if entry is not None and entry.expires > now:
-                    self._entries.move_to_end(keys[i])
-                    out.append((entry.value, float(scores[i])))
-            return out
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._scopes.clear()
-            self._matrices.clear()
-
-    def _drop(self, key: str) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None and entry.scope is not None:
-            members = self._scopes.get(entry.scope)
-            if members is not None and members.pop(key, None) is not None:
-                self._matrices.pop(entry.scope, None)
-                if not members:
-                    del self._scopes[entry.scope]
-
-
-class RedisAnswerCache:
-    """Answers in Redis, shared by every worker and instance (see the module docstring).
-
-    Keys: ``<prefix>:e:<key>`` a hash (``a`` the answer's JSON, ``v`` its question vector as
-    float16), and ``<prefix>:s:<scope>`` a list of the scope's most recent keys (at most
-    ``semantic_scan``); both expire ``ttl_s`` after they were last written.
-    """
-
-    def __init__(self, url: str, ttl_s: float = 3600, *, prefix: str = "ragqa:cache",
-                 semantic_scan: int = 256) -> None:
-        import redis
-
-        self.url = url
-        self.ttl_s = ttl_s
-        self.prefix = prefix
-        self.semantic_scan = semantic_scan
-        self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-
-    def _entry(self, key: str) -> str:
-        return f"{self.prefix}:e:{key}"
-
-    def _scope(self, scope: str) -> str:
-        return f"{self.prefix}:s:{scope}"
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        raw = self._redis.hget(self._entry(key), "a")
-        return json.loads(raw) if raw is not None else None
-
-    def put(self, key: str, value: dict[str, Any], ttl_s: float | None = None, *,
-            scope: str | None = None, vector: np.ndarray | None = None) -> None:
-        ms = max(1, int((ttl_s or self.ttl_s) * 1000))
-        fields: dict[str, Any] = {"a": json.dumps(value, ensure_ascii=False, separators=(",", ":"))}
-        if vector is not None:
-            fields["v"] = np.asarray(vector, dtype=np.float16).tobytes()
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._entry(key))
-            pipe.hset(self._entry(key), mapping=fields)
-            pipe.pexpire(self._entry(key), ms)
-            if scope is not None and vector is not None:
-                pipe.lrem(self._scope(scope), 0, key)
-                pipe.lpush(self._scope(scope), key)
-                pipe.ltrim(self._scope(scope), 0, self.semantic_scan - 1)
-                pipe.pexpire(self._scope(scope), ms)
-            pipe.execute()
-
-    def nearest(self, scope: str, vector: np.ndarray, threshold: float, limit: int = 3) -> list[tuple[dict[str, Any], float]]:
-        keys = [k.decode() for k in self._redis.lrange(self._scope(scope), 0, self.semantic_scan - 1)]
-        if not keys:
-            return []
-        with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hget(self._entry(key), "v")
-            raws = pipe.execute()
-        live = [(k, np.frombuffer(raw, dtype=np.float16)) for k, raw in zip(keys, raws, strict=True)
-                if raw is not None]
-        want = np.asarray(vector, dtype=np.float32)
-        live = [(k, v) for k, v in live if v.shape == want.shape]
-        if not live:
-            return []
-        scores = np.stack([v for _, v in live]).astype(np.float32) @ want
-        best = [i for i in np.argsort(-scores)[:limit] if scores[i] >= threshold]
-        out = []
-        for i in best:
-            value = self.get(live[i][0])
-            if value is not None:  # (it may have expired since)
-                out.append((value, float(scores[i])))
-        return out
-
-    def clear(self) -> None:
-        batch = []
-        for key in self._redis.scan_iter(match=f"{self.prefix}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                self._redis.unlink(*batch)
-                batch = []
-        if batch:
-            self._redis.unlink(*batch)
-
-    def close(self) -> None:
-        self._redis.close()
 
 
 # -- the layer the answerer uses ---------------------------------------------------------------------
@@ -321,40 +173,33 @@ def config_fingerprint(settings: Settings, salt: str = "") -> str:
     return _digest(json.dumps(parts, sort_keys=True, default=str))
 
 
-def index_epoch(services: Services) -> str:
-    """Changes whenever an ingest run starts or ends (any source, any process on this data dir)."""
-    runs = services.state.runs(limit=1)
-    if not runs:
-        return "none"
-    run = runs[0]
-    return f"{run['id']}:{run['status']}:{run.get('finished_at')}"
-
-
 class AnswerCacheLayer:
-    """Keys, scopes and the exact-then-semantic lookup, over any :class:`~rag.types.AnswerCache`.
+    """Keys, scopes, freshness and the exact-then-semantic lookup, over any
+    :class:`~rag.types.AnswerCache`.
 
     ``embed`` gives a question's unit vector, or ``None`` for a question it cannot rank (then,
-    like with no ``embed`` at all, the lookup is exact only); ``epoch`` the index
-    epoch (see :func:`index_epoch`). Both are called in :meth:`lookup`, which does I/O and
-    model work: call it from a worker thread in async code.
+    like with no ``embed`` at all, the lookup is exact only); ``changes`` the index's change
+    log, applied to the store before each lookup and store. :meth:`lookup` does I/O and model
+    work: call it from a worker thread in async code.
     """
 
-    def __init__(self, store: AnswerCache, *, ttl_s: float = 3600, semantic_threshold: float = 0.95,
+    def __init__(self, store: AnswerCache, *, ttl_s: float = 86_400, semantic_threshold: float = 0.95,
                  embed: Callable[[str], np.ndarray | None] | None = None, fingerprint: str = "",
-                 epoch: Callable[[], str] = lambda: "", default_top_k: int = 8) -> None:
+                 changes: ChangeLog | None = None, default_top_k: int = 8) -> None:
         self.backend = store
         self.ttl_s = ttl_s
         self.semantic_threshold = semantic_threshold
         self.embed = embed
         self.fingerprint = fingerprint
-        self.epoch = epoch
+        self.changes = changes
         self.default_top_k = default_top_k
+        self._token: object = None
+        self._sync_lock = threading.Lock()
 
     def scope(self, *, filters: Filters | None, history: Sequence[Mapping[str, str]], top_k: int | None,
               overrides: Mapping[str, Any] | None) -> str:
         parts = {
             "config": self.fingerprint,
-            "epoch": self.epoch(),
             "filters": asdict(filters or Filters()),
             "top_k": top_k or self.default_top_k,
             "history": [[t.get("role", ""), t.get("content", "")] for t in history],
@@ -362,21 +207,42 @@ class AnswerCacheLayer:
         }
         return _digest(json.dumps(parts, sort_keys=True, default=str))
 
+    def sync(self) -> int:
+        """Apply the change log's new entries to the store; returns the answers dropped. Costs
+        one ``PRAGMA`` when there is nothing new."""
+        if self.changes is None:
+            return 0
+        token = self.changes.change_token()
+        if token == self._token:
+            return 0
+        with self._sync_lock:
+            if token == self._token:
+                return 0
+            dropped = apply_changes(self.backend, self.changes)
+            self._token = token
+            return dropped
+
     def lookup(self, question: str, *, filters: Filters | None = None, history: Sequence[Mapping[str, str]] = (),
                top_k: int | None = None, overrides: Mapping[str, Any] | None = None) -> Lookup:
         started = time.perf_counter()
+        self.sync()
         scope = self.scope(filters=filters, history=history, top_k=top_k, overrides=overrides)
         normalised = normalise_question(question)
         found = Lookup(_digest(scope, normalised), scope, normalised)
-        value = self.backend.get(found.key)
+        value, clock = self.backend.get(found.key, (filters or Filters()).source)
+        found.generation = clock.now
         if value is not None:
-            found.kind, found.answer, found.similarity = "hit", CachedAnswer.from_dict(value), 1.0
+            found.kind, found.answer, found.similarity, found.entry = "hit", CachedAnswer.from_dict(value), 1.0, found.key
         elif self.embed is not None and (vector := self._embed(question, found)) is not None:
             for value, score in self.backend.nearest(scope, vector, self.semantic_threshold):
                 answer = CachedAnswer.from_dict(value)
                 if _numbers(answer.question) == _numbers(normalised):
                     found.kind, found.answer, found.similarity = "semantic", answer, score
+                    found.entry = value.get("key", "")
                     break
+        if found.answer is not None and int(value.get("gen", 0) if value else 0) < clock.added:  # type: ignore[union-attr]
+            found.recheck = True
+        self.backend.count(found.kind)
         found.timings["cache_ms"] = (time.perf_counter() - started) * 1000
         return found
 
@@ -390,14 +256,89 @@ class AnswerCacheLayer:
         found.timings["embed_ms"] = (time.perf_counter() - started) * 1000
         return found.vector
 
-    def store(self, lookup: Lookup, answer: CachedAnswer) -> None:
+    def store(self, lookup: Lookup, answer: CachedAnswer) -> bool:
+        """Store a generated answer under the lookup's key; refused (``False``) when the index
+        changed since the lookup (its context may already be stale)."""
+        self.sync()
         answer = CachedAnswer(answer.text, answer.sources, answer.citations, answer.finish_reason, answer.usage,
                               lookup.question, time.time())
-        self.backend.put(lookup.key, answer.to_dict(), self.ttl_s, scope=lookup.scope if lookup.vector is not None
-                        else None, vector=lookup.vector)
+        value = {**answer.to_dict(), "gen": lookup.generation, "key": lookup.key}
+        return self.backend.put(lookup.key, value, self.ttl_s,
+                                scope=lookup.scope if lookup.vector is not None else None, vector=lookup.vector,
+                                deps=[c.chunk_id for c in answer.sources],
+                                sources=sorted({c.source for c in answer.sources if c.source}),
+                                generation=lookup.generation)
+
+    def recheck(self, lookup: Lookup, context: Sequence[Citation]) -> bool:
+        """After a recheck retrieved ``context`` again: keep the cached answer (restamped with the
+        lookup's clock) when it is the same passages in the same order; else count it stale."""
+        assert lookup.answer is not None
+        same = [c.chunk_id for c in context] == [c.chunk_id for c in lookup.answer.sources]
+        self.backend.count("kept" if same else "stale")
+        CACHE_RECHECKS.labels("kept" if same else "stale").inc()
+        if same and lookup.entry:
+            answer = lookup.answer
+            value = {**answer.to_dict(), "gen": lookup.generation, "key": lookup.entry}
+            self.backend.put(lookup.entry, value, self.ttl_s, deps=[c.chunk_id for c in answer.sources],
+                             sources=sorted({c.source for c in answer.sources if c.source}),
+                             generation=lookup.generation)
+        return same
+
+    def stats(self) -> dict[str, Any]:
+        self.sync()
+        return self.backend.stats()
 
     def clear(self) -> None:
         self.backend.clear()
+
+
+def apply_changes(store: AnswerCache, changes: ChangeLog) -> int:
+    """Apply the log's entries that ``store`` has not seen (it keeps a cursor per log); a store
+    that never saw this log starts at its end (it holds nothing built before)."""
+    cursor = store.cursor(changes.log_id)
+    if cursor is None:
+        store.set_cursor(changes.log_id, changes.last_change())
+        return 0
+    entries = changes.changes_since(cursor)
+    if not entries:
+        return 0
+    dropped = store.apply(entries)
+    store.set_cursor(changes.log_id, entries[-1].seq)
+    if dropped:
+        log.info("answer cache: %d answers dropped by %d index changes", dropped, len(entries))
+    return dropped
+
+
+def make_store(services: Services, cfg: CacheSettings | None = None) -> AnswerCache | None:
+    """The store ``cache.backend`` names; ``None`` when it is ``off``."""
+    cfg = cfg or services.settings.cache
+    if cfg.backend == "off":
+        return None
+    if cfg.backend == "memory":
+        return MemoryAnswerCache(cfg.max_entries, cfg.ttl_s)
+    url = cfg.redis_url or services.settings.serve.redis_url
+    if not url:
+        raise ConfigError("cache.backend is redis but neither cache.redis_url nor serve.redis_url is set")
+    return RedisAnswerCache(url, cfg.ttl_s, prefix=cfg.prefix, semantic_scan=cfg.semantic_scan)
+
+
+def push_changes(services: Services) -> int:
+    """After a reindex or a purge: apply this data directory's change log to a *shared* answer
+    cache (Redis), so instances that share it but not the data directory drop what changed.
+    A memory cache lives in the serving process, which applies the log itself. Failures are
+    logged, not raised: the log keeps the changes, and the next push or lookup applies them."""
+    if services.settings.cache.backend != "redis":
+        return 0
+    store = make_store(services)
+    try:
+        return apply_changes(store, services.state) if store is not None else 0  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - the index is updated; the cache catches up later
+        log.warning("answer cache not updated after the reindex (it will be at the next lookup): %s", exc)
+        return 0
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
 
 
 def make_answer_cache(services: Services, *, salt: str = "",
@@ -407,16 +348,9 @@ def make_answer_cache(services: Services, *, salt: str = "",
     ``salt`` enters the fingerprint (the answerer passes its generator's name).
     """
     cfg = settings or services.settings.cache
-    if cfg.backend == "off":
+    store = make_store(services, cfg)
+    if store is None:
         return None
-    store: AnswerCache
-    if cfg.backend == "memory":
-        store = MemoryAnswerCache(cfg.max_entries, cfg.ttl_s)
-    else:
-        url = cfg.redis_url or services.settings.serve.redis_url
-        if not url:
-            raise ConfigError("cache.backend is redis but neither cache.redis_url nor serve.redis_url is set")
-        store = RedisAnswerCache(url, cfg.ttl_s, prefix=cfg.prefix, semantic_scan=cfg.semantic_scan)
 
     def embed(question: str) -> np.ndarray | None:
         """The question's embedding; ``None`` when the model does not rank its language (an
@@ -427,4 +361,4 @@ def make_answer_cache(services: Services, *, salt: str = "",
     return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold,
                             embed=embed if cfg.semantic else None,
                             fingerprint=config_fingerprint(services.settings, salt),
-                            epoch=lambda: index_epoch(services), default_top_k=services.settings.retrieval.top_k)
+                            changes=services.state, default_top_k=services.settings.retrieval.top_k)

@@ -308,12 +308,15 @@ class EvalSettings(BaseModel):
 
 
 class CacheSettings(BaseModel):
-    """The answer cache in front of generation: exact (same normalised question, filters, tenant,
-    settings and index state) and semantic (a question whose embedding is this close)."""
+    """The answer cache in front of generation: exact (same normalised question, filters, tenant
+    and settings) and semantic (a question whose embedding is this close); an answer is dropped
+    when a reindex changes a passage it was built from, and checked again when its sources gain
+    documents (see rag/cache.py)."""
 
     backend: Literal["memory", "redis", "off"] = Field(
         default="memory", description="memory (this process), redis (shared by workers and instances), off.")
-    ttl_s: int = Field(default=3600, ge=1, description="Seconds a cached answer is served.")
+    ttl_s: int = Field(default=86_400, ge=1, le=7 * 86_400, description=(
+        "Seconds a cached answer is served at most (a reindex that changes its sources drops it sooner)."))
     semantic: bool = Field(default=True, description="Also serve answers of near-identical questions.")
     semantic_threshold: float = Field(default=0.95, gt=0, le=1, description="Least cosine for a semantic hit.")
     max_entries: int = Field(default=10_000, ge=1, description="memory: answers kept (least recently used go).")

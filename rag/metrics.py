@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 __all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
-           "INJECTION_HISTORY_DROPPED"]
+           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -117,3 +117,24 @@ def _gpu_memory() -> dict[str, tuple[float, float]]:
 
 
 REGISTRY.register(GpuMemoryCollector())
+
+# The answer cache's stores (rag/cache_stores.py); lookups by result are counted by the service.
+CACHE_DROPPED = Counter(
+    "answer_cache_dropped",
+    "Cached answers dropped because a reindex changed or removed text they were built from, or a purge.",
+    registry=REGISTRY,
+)
+CACHE_RECHECKS = Counter(
+    "answer_cache_rechecks",
+    "Cached answers checked again after their sources gained documents, by result: kept (the same "
+    "context is retrieved), stale (answered afresh).",
+    ["result"],
+    registry=REGISTRY,
+)
+CACHE_ERRORS = Counter(
+    "answer_cache_errors",
+    "Answer cache operations that failed because its store was unreachable, by operation; the "
+    "answer went on without the cache.",
+    ["op"],
+    registry=REGISTRY,
+)

@@ -172,4 +172,4 @@ def _citation(label: int, chunk: Chunk) -> Citation:
     if len(snippet) > SNIPPET_CHARS:
         snippet = snippet[: SNIPPET_CHARS - 1].rstrip() + "…"
     return Citation(label=label, chunk_id=chunk.id, doc_id=chunk.doc_id, title=chunk.title or chunk.doc_id,
-                    url=chunk.url, modified=chunk.modified, snippet=snippet)
+                    url=chunk.url, modified=chunk.modified, snippet=snippet, source=chunk.source)

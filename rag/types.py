@@ -18,7 +18,7 @@ import enum
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,9 @@ __all__ = [
     "TokenCounter",
     "Generator",
     "AnswerCache",
+    "CacheGenerations",
+    "ChangeLog",
+    "IndexChange",
 ]
 
 
@@ -170,6 +173,7 @@ class Citation:
     modified: datetime | None = None
     snippet: str = ""
     inferred: bool = False  # the model did not write this label: a sentence's best-supporting passage
+    source: str = ""  # the source (``ragqa sources``) the passage came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,18 +363,80 @@ class Warmable(Protocol):
     async def warm(self, prompt: Prompt) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class IndexChange:
+    """One entry of the index's change log (:class:`ChangeLog`): what a reindex did to one
+    document (``kind="chunks"``), or an operator's purge of a source's answers (``"purge"``,
+    ``source=""`` for all of them)."""
+
+    seq: int
+    source: str
+    kind: Literal["chunks", "purge"] = "chunks"
+    removed: tuple[str, ...] = ()  # chunk ids no longer indexed: their text changed, or went
+    added: int = 0  # chunks new to the index (a new document, or new text in a changed one)
+
+
+@runtime_checkable
+class ChangeLog(Protocol):
+    """What the answer cache reads of ingestion: the log of changes to the indexes, in order.
+    ``ingest.state.StateDB`` writes it in the same transaction as the chunks it describes."""
+
+    log_id: str  # names the log (a data directory's state), for stores that several logs feed
+
+    def change_token(self) -> object:
+        """Cheap (no query): differs from its last value after any write that may have logged a change."""
+        ...
+
+    def changes_since(self, seq: int) -> list[IndexChange]: ...
+
+    def last_change(self) -> int: ...
+
+
+class CacheGenerations(NamedTuple):
+    """An answer store's clock: ``now`` moves at every applied change; ``added`` is ``now``'s
+    value at the last addition to the sources asked about. An entry stored at generation ``g``
+    may be missing newer content when ``g < added``."""
+
+    now: int
+    added: int
+
+
 @runtime_checkable
 class AnswerCache(Protocol):
     """Stores answers (JSON-able dicts) for ``ttl_s``: by exact key, and, when put with a
     ``scope`` and a unit question vector, for :meth:`nearest` lookups within that scope
-    (best first, cosine at least ``threshold``). See :mod:`rag.cache`."""
+    (best first, cosine at least ``threshold``). Each answer records the chunks and sources it
+    was built from (``deps``, ``sources``): :meth:`apply` drops the answers whose chunks a
+    reindex removed, and notes the sources that gained chunks. See :mod:`rag.cache`."""
 
-    def get(self, key: str) -> dict[str, Any] | None: ...
+    def get(self, key: str, sources: Sequence[str] = ()) -> tuple[dict[str, Any] | None, CacheGenerations]:
+        """The answer stored under ``key`` (or ``None``), and the clock, its ``added`` taken
+        over ``sources`` (all of them when empty)."""
+        ...
 
     def put(self, key: str, value: dict[str, Any], ttl_s: float | None = None, *,
-            scope: str | None = None, vector: np.ndarray | None = None) -> None: ...
+            scope: str | None = None, vector: np.ndarray | None = None, deps: Sequence[str] = (),
+            sources: Sequence[str] = (), generation: int | None = None) -> bool:
+        """Store; refused (``False``) when the clock moved past ``generation`` since the lookup."""
+        ...
 
     def nearest(self, scope: str, vector: np.ndarray, threshold: float,
                 limit: int = 3) -> list[tuple[dict[str, Any], float]]: ...
+
+    def apply(self, changes: Sequence[IndexChange]) -> int:
+        """Apply changes of the log in order; returns how many answers were dropped."""
+        ...
+
+    def cursor(self, log_id: str) -> int | None:
+        """The last sequence number of change log ``log_id`` applied, ``None`` if never."""
+        ...
+
+    def set_cursor(self, log_id: str, seq: int) -> None: ...
+
+    def count(self, kind: str) -> None:
+        """Count a lookup's outcome (hit, semantic, miss, stale) for :meth:`stats`."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
 
     def clear(self) -> None: ...

@@ -338,13 +338,13 @@ def test_memory_store_lru_and_scopes():
     v = np.array([1.0, 0.0], dtype=np.float32)
     store.put("a", {"x": 1}, scope="s", vector=v)
     store.put("b", {"x": 2}, scope="s", vector=np.array([0.0, 1.0], dtype=np.float32))
-    assert store.get("a") == {"x": 1}  # a is now the most recently used
+    assert store.get("a")[0] == {"x": 1}  # a is now the most recently used
     store.put("c", {"x": 3}, scope="t", vector=v)
-    assert store.get("b") is None and len(store) == 2  # b went
+    assert store.get("b")[0] is None and len(store) == 2  # b went
     assert [s for _, s in store.nearest("s", v, 0.9)] == [1.0]
     assert store.nearest("other", v, 0.0) == []
     now[0] += 11
-    assert store.get("a") is None and store.nearest("t", v, 0.5) == []
+    assert store.get("a")[0] is None and store.nearest("t", v, 0.5) == []
 
 
 def test_cached_answer_round_trips_through_json():
