@@ -264,6 +264,16 @@ class StateDB:
         return [IndexChange(r["seq"], r["source"], r["kind"], tuple(json.loads(r["removed"])), r["added"])
                 for r in rows]
 
+    def change_summary(self, since_s: float = 86_400) -> dict[str, Any]:
+        """The change log at a glance: its last sequence number, and what the last ``since_s``
+        seconds logged (document changes, chunks removed and added, purges)."""
+        row = self._rows(
+            "SELECT COUNT(*) FILTER (WHERE kind = 'chunks') AS documents, "
+            "COALESCE(SUM(json_array_length(removed)), 0) AS removed, COALESCE(SUM(added), 0) AS added, "
+            "COUNT(*) FILTER (WHERE kind = 'purge') AS purges FROM changes WHERE at >= ?", (time.time() - since_s,))[0]
+        return {"last_change": self.last_change(), "window_s": since_s, "documents_changed": row["documents"],
+                "chunks_removed": row["removed"], "chunks_added": row["added"], "purges": row["purges"]}
+
     def last_change(self) -> int:
         return int(self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM changes")[0]["seq"])
 

@@ -88,9 +88,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
                   summary="Question answering over your documents, with citations. OpenAI-compatible.")
     app.state.ragqa = state
     install_handlers(app)
-    from serve import routes_admin, routes_ask, routes_chat, routes_ops
+    from serve import routes_admin, routes_ask, routes_cache, routes_chat, routes_ops
 
-    routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_ops)]
+    routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_cache, routes_ops)]
     for router in routers:
         app.include_router(router)
     from serve import routes_page

@@ -325,4 +325,5 @@ class ReindexResponse(BaseModel):
     seconds: float
     complete: bool
     deletions_skipped: bool
+    answers_dropped: int = 0
     errors: list[str]

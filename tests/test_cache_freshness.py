@@ -10,6 +10,7 @@ MiniLM) in a shared data directory, and asks with a filter on that source.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,3 +162,29 @@ def test_an_answer_whose_index_changed_while_it_was_generated_is_not_stored(corp
     src.reindex()  # between the lookup and the store
     assert not cache.store(lookup, CachedAnswer("The service status is green.", (), ()))
     assert cache.lookup(STATUS, filters=src.filters).answer is None
+
+
+def test_a_change_logged_by_another_process_is_applied_at_the_next_lookup(corpus, new_cache):
+    """``ragqa cache purge`` and ``ragqa reindex`` write the state from their own process: the
+    serving process sees the commit (``PRAGMA data_version``) and applies it before answering."""
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+
+    src, gen = Source(corpus, PAGES), Counting()
+    cache = new_cache()
+    answerer = Answerer(corpus, generator=gen, cache=cache)
+    ask(answerer, READ, filters=src.filters)
+    env = {"RAG_DATA_DIR": str(corpus.data_dir), "RAG_CACHE__BACKEND": "memory"}
+    result = CliRunner().invoke(cli, ["cache", "purge", "--source", src.name], env=env)
+    assert result.exit_code == 0 and "logged" in result.output, result.output
+    assert done(ask(answerer, READ, filters=src.filters)[1]).cache == "miss"
+    result = CliRunner().invoke(cli, ["cache", "stats", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["backend"] == "memory" and stats["changes"]["purges"] >= 1
+    assert stats["changes"]["last_change"] == corpus.state.last_change()
+    for args in (["cache", "purge"], ["cache", "purge", "--all", "--source", src.name],
+                 ["cache", "purge", "--source", "nope"]):
+        result = CliRunner().invoke(cli, args, env=env)
+        assert result.exit_code != 0 and "error:" in result.output, result.output

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import click
 
+from rag.cli.cache import cache_group
 from rag.cli.common import Context
 from rag.cli.evals import eval_group
 from rag.cli.indexes import rebuild, verify
@@ -46,7 +47,7 @@ def cli(ctx: click.Context, config: str | None, data_dir: str | None, log_json: 
 
 
 for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group, serve, ask,
-                keys_group):
+                keys_group, cache_group):
     cli.add_command(command)
 
 
