@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from serve.auth import Gate
     from serve.qa_log import QALog
 
-__all__ = ["AppState", "Caller", "State", "QueryCaller", "AdminCaller", "GeneratorHealth"]
+__all__ = ["AdminCaller", "AppState", "Caller", "GeneratorHealth", "QueryCaller", "State"]
 
 
 @dataclass
@@ -79,6 +79,11 @@ def _state(request: Request) -> AppState:
     return request.app.state.ragqa
 
 
+async def _state_dependency(request: Request) -> AppState:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request
+    return request.app.state.ragqa
+
+
 # Only to document the two ways of sending a key in the OpenAPI schema (and /docs); the gate reads them.
 _bearer, _api_key = HTTPBearer(auto_error=False), APIKeyHeader(name="X-API-Key", auto_error=False)
 
@@ -91,6 +96,6 @@ def _caller(scope: str):  # a dependency factory
     return caller
 
 
-State = Annotated[AppState, Depends(_state)]
+State = Annotated[AppState, Depends(_state_dependency)]
 QueryCaller = Annotated[Caller, Depends(_caller("query"))]
 AdminCaller = Annotated[Caller, Depends(_caller("admin"))]
