@@ -42,7 +42,7 @@ from serve_load import (
 # (category, what a frame's "function (file)" must contain), innermost match wins; order breaks ties
 # within one frame only, so a library frame never claims a sample that ragqa code above it called.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("cache: index epoch (state DB read)", ("index_epoch (", "(ingest/state.py")),
+    ("cache: state DB read (index epoch; change token)", ("index_epoch (", "change_token (", "(ingest/state.py")),
     ("cache: query embedding", ("embed_query (", "_embed (rag/cache.py", "rag/embedders/", "sentence_transformers/",
                                 "torch/")),
     ("cache: semantic search", ("nearest (",)),
