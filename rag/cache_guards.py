@@ -54,6 +54,7 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # as rag.cache._NUMBER
 _WORD = re.compile(r"[0-9A-Za-z\u00c0-\u024f\u0370-\u03ff\u0400-\u04ff]+")
 _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _ENTITY_TAGS = frozenset({"nr", "nrt", "nrfg", "ns", "nt", "nz"})
+_NOT_HAN_NAMES = frozenset({"谢谢", "请问", "你好", "麻烦", "您好", "多谢"})  # jieba tags some as names
 
 # Capitalised words that are not names: function words, question words and what people put in
 # front of a question. Lower-cased.
@@ -91,16 +92,17 @@ _EN_QTYPES = (
     ("reason", r"why|for what reason|what (?:is|was) the reason"),
     ("quantity", (r"how (?:many|much|long|old|far|often|big|large|tall|high|fast)"
                   r"|(?:what|which) (?:number|percentage|percent|proportion|amount|share)")),
-    ("person", r"who|whom|whose"),
+    ("person", (r"who|whom|whose|(?:last|first|full) name|(?:what|which) (?:player|person|people|man|woman|actor"
+                r"|actress|poet|singer|writer|author|artist|quarterback|coach|president|king|queen|scientist|inventor)")),
     ("manner", r"how"),
     ("thing", r"what|which"),
 )
 _ZH_QTYPES = (
-    ("time", r"什么时候|什么时间|何时|几时|哪一?年|哪一?天|哪个时候|哪个时期|何年"),
-    ("place", r"哪里|哪儿|何处|何地|在哪|什么地方|哪个地方"),
-    ("reason", r"为什么|为何|为啥|什么原因"),
+    ("time", r"什么时候|啥时候|什么时间|何时|几时|哪一?年|哪一?天|哪个时候|哪个时期|何年"),
+    ("place", r"哪里|哪儿|何处|何地|什么地方|哪个地方"),
+    ("reason", r"(?<![称成作认视名])(?:为什么|为何|为啥)|什么原因"),
     ("quantity", r"多少|多久|多大|多长|多远|多高|多重|几(?!乎)"),
-    ("person", r"谁|哪位|什么人"),
+    ("person", r"谁|姓什么|什么人|哪[个位名]?(?:人|球员|诗人|演员|歌手|作家|作者|艺术家|总统|国王|科学家|发明家)|哪位"),
     ("manner", r"怎么|如何|怎样"),
     ("thing", r"什么|啥|哪"),
 )
@@ -147,10 +149,10 @@ def entities(text: str) -> tuple[frozenset[str], frozenset[str]]:
     if CJK.search(text):
         words = [(p.word, p.flag) for p in _jieba().posseg.cut(_flat(text))]
         for i, (word, flag) in enumerate(words):
-            if flag in _ENTITY_TAGS and len(word) > 1:
+            if flag in _ENTITY_TAGS and len(word) > 1 and word not in _NOT_HAN_NAMES:
                 han.add(word)
             elif word == "·" and 0 < i < len(words) - 1 and CJK.match(words[i - 1][0]) and CJK.match(words[i + 1][0]):
-                han.add(f"{words[i - 1][0]}·{words[i + 1][0]}")  # a transliterated name: 马丁·路德
+                han.add(words[i - 1][0] + words[i + 1][0])  # a transliterated name: 马丁·路德, compared undotted
     return latin, frozenset(han)
 
 
@@ -185,9 +187,14 @@ def negated(text: str) -> int:
 @lru_cache(maxsize=8192)
 def qtypes(text: str) -> frozenset[str]:
     """What ``text`` asks for, by its question words: ``time``, ``place``, ``reason``,
-    ``quantity``, ``person``, ``manner``, ``thing`` (none for a question without one)."""
+    ``quantity``, ``person``, ``manner``, ``thing`` (none for a question without one; ``thing``
+    only when nothing more precise is asked: "What is the last name of the player who ..." is
+    a person)."""
     text = unicodedata.normalize("NFKC", text)
     found = {m.lastgroup for m in _EN_QWORD.finditer(text)} | {m.lastgroup for m in _ZH_QWORD.finditer(text)}
+    found.discard(None)
+    if len(found) > 1:  # "what" beside "who" or "what year" says no more than they do
+        found.discard("thing")
     return frozenset(t for t in found if t)
 
 
@@ -204,7 +211,7 @@ def same_entities(a: str, b: str) -> bool:
     (latin_a, han_a), (latin_b, han_b) = entities(a), entities(b)
     if not (latin_a <= _stems(b) and latin_b <= _stems(a)):
         return False
-    flat_a, flat_b = _flat(a), _flat(b)
+    flat_a, flat_b = _undotted(a), _undotted(b)
     return all(e in flat_b for e in han_a) and all(e in flat_a for e in han_b)
 
 
@@ -212,6 +219,11 @@ def _flat(text: str) -> str:
     """``text`` for substring tests: NFKC, one kind of middle dot, no spaces."""
     text = unicodedata.normalize("NFKC", text).replace("•", "·").replace("・", "·").replace("‧", "·")
     return "".join(text.split())
+
+
+def _undotted(text: str) -> str:
+    """``text`` for finding names in: :func:`_flat` without the middle dots (约翰·埃尔维 is 约翰埃尔维)."""
+    return _flat(text).replace("·", "")
 
 
 def same_negation(a: str, b: str) -> bool:

@@ -54,6 +54,8 @@ SAME = [
     ("弗里德里希•拉采尔认为帝国主义是什么？", "请问弗里德里希·拉采尔认为帝国主义是啥"),  # two kinds of middle dot
     ("这两个有什么不同？", "这两个有什么区别？"),  # 不同 "different" is not a negation
     ("他什么时候出生？", "他何时出生？"),
+    ("约翰·埃尔维在第 33 届超级碗中为谁效力？", "约翰埃尔维在第 33 届超级碗中为谁效力?"),
+    ("Who recovered the strip ball?", "What is the last name of the player who recovered the ball?"),
 ]
 
 
@@ -78,13 +80,17 @@ def test_what_each_guard_compares() -> None:
     latin, han = entities("Could you tell me how many tackles Luke Kuechly made?")
     assert latin == {"luke", "kuechly"} and han == frozenset()  # "Could" opens the question, no name
     assert entities("how many tackles did luke kuechly make")[0] == frozenset()  # no case, no names
-    assert "马丁·路德" in entities("在马丁·路德的时代人们需要什么？")[1]
+    assert "马丁路德" in entities("在马丁·路德的时代人们需要什么？")[1]  # compared without the dot
+    assert "谢谢" not in entities("玛丽·麦特琳翻译了什么？谢谢！")[1]
     assert negated("Why didn't it work without a key?") == 2
     assert negated("非常不同的两种方法") == 0 and negated("这不是问题") == 1
     assert qtypes("In what year did Tesla die?") == {"time"}
     assert qtypes("How many points did they score?") == {"quantity"}
     assert qtypes("他几乎什么都做了") == {"thing"}  # 几乎 "almost" is no 几 "how many"
     assert qtypes("Python 3.11 release date") == frozenset()
+    assert qtypes("这个过程称为什么？") == {"thing"}  # 称为 + 什么, not 为什么 "why"
+    assert qtypes("它是啥时候推出的？") == qtypes("它是什么时候推出的？") == {"time"}
+    assert qtypes("What was the last name of the player who recovered the ball?") == {"person"}
 
 
 def test_entities_across_languages_are_left_to_the_language_guard() -> None:
