@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -38,7 +39,8 @@ def eval_group() -> None:
 
     `retrieval` scores the ranking alone; `answers` runs the whole answer pipeline and scores
     the answers, citations and latency; `compare` puts two answer runs side by side with
-    bootstrap intervals; `gate` fails when a run is worse than a baseline.
+    bootstrap intervals; `gate` fails when a run is worse than a baseline; `cache` measures
+    the semantic answer cache's threshold and guards on labelled question pairs.
     """
 
 
@@ -223,6 +225,85 @@ def _answers_table(s: dict[str, Any]) -> str:
     lines.append(f"errors {s['errors']}, degraded {s['degraded']}, cache {s['cache']}")
     lines.append(f"run: {s['run_dir']}" + (f" (MLflow run {s['mlflow_run_id']})" if s.get("mlflow_run_id") else ""))
     return "\n".join(lines)
+
+
+CACHE_EMBEDDERS = {"minilm": "sentence-transformers", "use": "use", "e5": "e5", "hash": "hash"}
+
+
+@eval_group.command("cache")
+@click.argument("pairs", required=False, type=click.Path(allow_dash=True, dir_okay=False))
+@click.option("--embedder", "-e", type=click.Choice(["configured", *CACHE_EMBEDDERS]), default="configured",
+              show_default=True, help="The model that embeds the questions: the deployment's (the settings' "
+              "embedder, with auto as the data directory's first ingest chose it), the packaged MiniLM, or USE.")
+@click.option("--thresholds", "-t", default="0.80:0.97:0.01", show_default=True, metavar="START:STOP:STEP|T,T...",
+              help="The cosine thresholds to try.")
+@click.option("--guards", "-g", metavar="SET,SET...",
+              help="Guard sets to compare, guards within a set joined by '+' (numbers, entities, negation, "
+              "qtype, language), or none or all. [default: none, each guard alone, all]")
+@click.option("--lang", "langs", metavar="LANG,...", help="Only pairs of these languages (en, zh, en-zh).")
+@click.option("--split", "splits", metavar="SPLIT,...", help="Only pairs of these splits (the committed set: dev, test).")
+@click.option("--kind", "kinds", metavar="KIND,...", help="Only pairs of these kinds.")
+@click.option("--goal", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
+              help="The wrong-hit rate the best threshold must stay under, for every kind of different questions.")
+@click.option("--cross-lingual", is_flag=True,
+              help="The language guard lets pairs in two languages through (answers are then served across "
+              "languages).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report (every kind too) as one JSON object.")
+@click.pass_obj
+@handle_errors
+def cache_cmd(obj: Context, pairs: str | None, embedder: str, thresholds: str, guards: str | None,
+              langs: str | None, splits: str | None, kinds: str | None, goal: float, cross_lingual: bool,
+              as_json: bool) -> None:
+    """Measure the semantic answer cache on labelled question pairs: for each threshold and
+    guard set, the hit rate on pairs that are the same question and the wrong-hit rate on pairs
+    that are not, per language; then the best threshold of each guard set (the most hits with
+    a wrong-hit rate under --goal for every kind of different questions).
+
+    PAIRS is a JSONL file (- for stdin) of {"a", "b", "same": true|false}, optionally "kind",
+    "lang" and "split": e.g. questions from your own log, labelled. [default: the pairs made
+    from XQuAD, evals/cache-pairs/pairs.jsonl; see evals/RESULTS-cache.md]
+
+    A pair hits as in the cache: the same question after normalisation, or a cosine at least
+    the threshold, both questions in languages the model ranks (MiniLM: English only) and every
+    guard passing.
+
+    Example: ragqa eval cache my-pairs.jsonl --embedder use --thresholds 0.85,0.9,0.95
+    """
+    from evals.cache_eval import (
+        DEFAULT_PAIRS,
+        evaluate,
+        guard_sets,
+        load_pairs,
+        parse_thresholds,
+        render,
+    )
+    from rag.errors import ConfigError
+
+    path = pairs or str(DEFAULT_PAIRS)
+    if path != "-" and not Path(path).is_file():
+        raise ConfigError(f"no pairs file at {path}" + ("" if pairs else " (it is in the source checkout; pass "
+                                                         "a JSONL of labelled pairs)"))
+    chosen = load_pairs(path, langs=_csv(langs), splits=_csv(splits), kinds=_csv(kinds))
+    if not chosen:
+        raise ConfigError(f"no pairs in {path} match --lang, --split and --kind")
+    sets, values = guard_sets(guards), parse_thresholds(thresholds)
+    report = evaluate(chosen, _cache_embedder(obj, embedder), thresholds=values, guards=sets,
+                      multilingual=cross_lingual, goal=goal)
+    report["file"] = path
+    emit(report, as_json, render)
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def _cache_embedder(obj: Context, choice: str) -> Any:
+    if choice == "configured":
+        return obj.services.embedder
+    from rag.config import EmbedderSettings
+    from rag.embedders import make_embedder
+
+    return make_embedder(EmbedderSettings(backend=CACHE_EMBEDDERS[choice]))  # type: ignore[arg-type]
 
 
 @eval_group.command("compare")
