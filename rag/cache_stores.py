@@ -225,6 +225,8 @@ class RedisAnswerCache:
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._retry_at = 0.0
         self._down = False
+        self._counts: Counter[str] = Counter()  # lookups counted since the last round trip, sent with the next
+        self._counts_lock = threading.Lock()
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -258,7 +260,8 @@ class RedisAnswerCache:
                 pipe.hmget(self._k("added"), list(sources))
             else:
                 pipe.hvals(self._k("added"))
-            raw, now, added = pipe.execute()
+            self._send_counts(pipe)
+            raw, now, added, *_ = pipe.execute()
         clock = CacheGenerations(int(now or 0), max((int(a) for a in added if a is not None), default=0))
         return (json.loads(raw) if raw is not None else None), clock
 
@@ -362,11 +365,21 @@ class RedisAnswerCache:
             self._redis.hset(self._k("cursor"), log_id, seq)
 
     def count(self, kind: str) -> None:
-        with self._guard("count"):
-            self._redis.hincrby(self._k("stats"), kind, 1)
+        """Counted here, and sent with the next lookup's round trip (no round trip of its own)."""
+        with self._counts_lock:
+            self._counts[kind] += 1
+
+    def _send_counts(self, pipe: Any) -> None:
+        with self._counts_lock:
+            counts, self._counts = self._counts, Counter()
+        for kind, n in counts.items():
+            pipe.hincrby(self._k("stats"), kind, n)
 
     def stats(self) -> dict[str, Any]:
         with self._guard("stats"):
+            with self._redis.pipeline(transaction=False) as pipe:
+                self._send_counts(pipe)
+                pipe.execute()
             counts = {k.decode(): int(v) for k, v in self._redis.hgetall(self._k("stats")).items()}
             entries, size = 0, 0
             for key in self._redis.scan_iter(match=self._k("e", "*"), count=1000):
