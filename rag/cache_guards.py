@@ -9,8 +9,8 @@ Norman register?" at a cosine of 0.9 or more; a guard looks at what the cosine b
 - ``entities``: every proper noun of one question appears in the other. English: words with a
   capital letter that are not common function words (so "What" and "Could" at the start of a
   sentence are not names, "Denver" is); Chinese: jieba's person, place, organisation and other
-  proper-noun tags (``nr``, ``ns``, ``nt``, ``nz``...), and transliterated names (``马丁·路德``),
-  looked up as substrings of the other question. A question without capitals (typed all
+  proper-noun tags (``nr``, ``ns``, ``nt``, ``nz``...), transliterated names (``马丁·路德``) and
+  titles in 《》, looked up as substrings of the other question. A question without capitals (typed all
   lower- or all upper-case) names no English entities, so pass the question as typed, not the
   normalised one. Pairs in two languages pass: their names are spelt differently.
 - ``negation``: both hold as many negations (not, never, no, without, n't; 不, 没有, 未, 无, 非,
@@ -54,6 +54,7 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # as rag.cache._NUMBER
 _WORD = re.compile(r"[0-9A-Za-z\u00c0-\u024f\u0370-\u03ff\u0400-\u04ff]+")
 _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _ENTITY_TAGS = frozenset({"nr", "nrt", "nrfg", "ns", "nt", "nz"})
+_TITLE = re.compile(r"《([^《》]{1,40})》")
 _NOT_HAN_NAMES = frozenset({"谢谢", "请问", "你好", "麻烦", "您好", "多谢"})  # jieba tags some as names
 
 # Capitalised words that are not names: function words, question words and what people put in
@@ -139,13 +140,13 @@ def numbers(text: str) -> tuple[str, ...]:
 @lru_cache(maxsize=8192)
 def entities(text: str) -> tuple[frozenset[str], frozenset[str]]:
     """``(latin, han)``: ``text``'s capitalised non-function words (lower-cased, a final s
-    dropped) and its Chinese proper nouns."""
+    dropped), and its Chinese proper nouns and 《titles》 (without middle dots)."""
     text = unicodedata.normalize("NFKC", text)
     cased = any(c.isupper() for c in text) and any(c.islower() for c in text)
     latin = frozenset(_stem(w) for w in _WORD.findall(text)
                       if not w.isdigit() and any(c.isupper() for c in w)
                       and w.casefold() not in _NOT_NAMES) if cased else frozenset()
-    han: set[str] = set()
+    han = {_undotted(title) for title in _TITLE.findall(text)}  # 《护卫者》: a work's name, in any script
     if CJK.search(text):
         words = [(p.word, p.flag) for p in _jieba().posseg.cut(_flat(text))]
         for i, (word, flag) in enumerate(words):

@@ -31,6 +31,7 @@ DIFFERENT = [
     ("entities", "Denver beat whom?", "Carolina beat whom?"),  # a name first in the question is still a name
     ("entities", "卢克·坎克利贡献了多少次擒抱？", "乔希·诺曼贡献了多少次擒抱？"),
     ("entities", "流经宾根和波恩之间的莱茵河中游流向哪里？", "流经宾根和波恩之间的多瑙河中游流向哪里？"),
+    ("entities", "电视剧《不期而至》的主演是谁？", "《护卫者》的主演是谁？"),  # RGB-zh; USE: 0.86
     ("negation", "How do I read a file?", "How do I not read a file?"),
     ("negation", "Why did Tesla finish?", "Why didn't Tesla finish?"),
     ("negation", "Were the tapes restored without damage or did some lose legitimacy?",
