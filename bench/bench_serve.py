@@ -23,7 +23,8 @@ each bounded in time, all request phases on the same server process:
             processes' event loop lag, and how late deltas were sent, read from the
             stream store by their route and received by the client
 
-The request phases print requests/s, p50/p99 latency, errors and the replies' ``cache``
+The request phases print requests/s, p50/p99 latency, errors, the server process's CPU
+time (all its threads, from /proc: % of one core, and per request) and the replies' ``cache``
 field; at the end the exact hit's req/s as a share of the trivial route's and both hits'
 p99 beside issue 13's goals (exact >= 50% of trivial, p99 <= 5 ms; semantic p99 <= 20 ms).
 ``NAME@N`` runs a request phase with N clients (``--phases semantic@1``). ``--loop asyncio
@@ -566,6 +567,7 @@ def print_phase(s: dict[str, Any]) -> None:
         return
     print(f"  {s['phase']:<9} c={s['concurrency']:<3} {s['req_per_s']:>7} req/s  p50 {s['p50_ms']:>7} ms  "
           f"p99 {s['p99_ms']:>7} ms  ok {s['ok']}  errors {s['errors']} {s['error_kinds'] or ''}"
+          + (f"  server CPU {s['server_cpu_pct']}%, {s['server_cpu_us_per_req']} us/req" if "server_cpu_pct" in s else "")
           + (f"  cache {s['cache']}" if s["cache"] else ""))
     if "paraphrases_tried" in s:
         print(f"            {s['paraphrases_semantic']} of {s['paraphrases_tried']} paraphrases were semantic hits "
@@ -622,7 +624,8 @@ async def run_phases(args: argparse.Namespace, env: dict[str, str], questions: l
                               f"({extra['paraphrases_by_kind']}); phase skipped", file=sys.stderr)
                         continue
                 print(f"{name}: {cpu_state()}", file=sys.stderr)
-                phase = await closed_loop(server.url, Phase(name, concurrency, args.duration, extra=extra), requests)
+                phase = await closed_loop(server.url, Phase(name, concurrency, args.duration, extra=dict(extra)),
+                                          requests, server.proc.pid)
                 results.append(phase.summary())
                 print_phase(results[-1])
     if "sse" in names and args.hold_s > 0:

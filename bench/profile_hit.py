@@ -63,6 +63,10 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
                                                             "get_request_handler", "_get_body", "body (starlette",
                                                             "json (starlette")),
     ("thread handoff (asyncio.to_thread)", ("asyncio/threads.py", "concurrent/futures/", "threading.py")),
+    # The response's socket write: the syscall, which on loopback also delivers to the client and
+    # wakes it, and any time the server was descheduled there still holding the GIL (py-spy
+    # samples wall time: on a busy machine this grows with the load, not with the server's work).
+    ("socket write (uvicorn send)", ("RequestResponseCycle.send (",)),
     ("HTTP protocol (uvicorn, httptools/h11)", ("uvicorn/protocols/", "h11/", "httptools/")),
     ("routing and middleware (Starlette, FastAPI)", ("starlette/", "fastapi/")),
     ("event loop (uvloop/asyncio)", ("uvloop/", "asyncio/", "<built-in method run")),
@@ -91,7 +95,8 @@ def report(name: str, phase: Phase, counts: Counter[str], rate: int) -> None:
     s = phase.summary()
     total = sum(counts.values()) or 1
     print(f"\n{name}: {s['req_per_s']} req/s, p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, {s['ok']} requests, "
-          f"errors {s['errors']}, cache {s['cache'] or '-'}; {total} GIL samples "
+          f"errors {s['errors']}, cache {s['cache'] or '-'}; server CPU {s['server_cpu_pct']}% of a core, "
+          f"{s['server_cpu_us_per_req']} us/req; {total} GIL samples "
           f"({total / rate / phase.duration_s:.0%} of the time the GIL was held)")
     print(f"  {'':50} {'share':>6} {'us/req':>7}")
     for cat, n in counts.most_common():
@@ -120,9 +125,11 @@ async def run(args: argparse.Namespace, env: dict[str, str], questions: list[str
             spy_proc = await asyncio.create_subprocess_exec(
                 spy, "record", "--pid", str(server.proc.pid), "--duration", str(int(args.duration)), "--rate",
                 str(args.rate), "--gil", "--nolineno", "--format", "raw", "--output", str(raw),
-                *(["--native"] * args.native), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                *(["--native"] * args.native), *(["--nonblocking"] * (not args.blocking)),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
             await asyncio.sleep(0.5)  # py-spy attaches
-            phase = await closed_loop(server.url, Phase(name, args.concurrency, args.duration), requests)
+            phase = await closed_loop(server.url, Phase(name, args.concurrency, args.duration), requests,
+                                      server.proc.pid)
             _, err = await spy_proc.communicate()
             if spy_proc.returncode != 0 or not raw.is_file():
                 raise SystemExit(f"py-spy failed ({spy_proc.returncode}): {err.decode().strip()[-2000:]}")
@@ -144,6 +151,8 @@ def main() -> None:
     p.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto")
     p.add_argument("--py-spy", default=shutil.which("py-spy"), help="The py-spy binary (default: on PATH).")
     p.add_argument("--native", action="store_true", help="Sample C frames too (py-spy --native).")
+    p.add_argument("--blocking", action="store_true",
+                   help="Pause the server for each sample (exact stacks, but it slows the server a lot).")
     p.add_argument("--raw-dir", type=Path, help="Keep py-spy's raw stacks here (default: a temp dir).")
     args = p.parse_args()
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]

@@ -17,19 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LOOPBACK", "Connection", "Phase", "Request", "closed_loop", "paraphrases", "pct"]
+__all__ = ["LOOPBACK", "Connection", "Phase", "Request", "closed_loop", "cpu_seconds", "paraphrases", "pct"]
 
 LOOPBACK = "127.0.0.1"
 _CACHE = re.compile(rb'"cache"\s*:\s*"(\w+)"')
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far, from /proc (Linux);
+    NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -142,9 +154,10 @@ class Phase:
                 "cache": dict(self.cache), **self.extra}
 
 
-async def closed_loop(base: str, phase: Phase, requests: Sequence[Request]) -> Phase:
+async def closed_loop(base: str, phase: Phase, requests: Sequence[Request], server_pid: int | None = None) -> Phase:
     """``phase.concurrency`` connections, each sending the next of ``requests`` (round robin)
-    when its last reply has been read, until ``phase.duration_s`` has passed."""
+    when its last reply has been read, until ``phase.duration_s`` has passed. With
+    ``server_pid``, the server's CPU time over the phase too (``server_cpu_*`` in the summary)."""
     conns = [Connection(base) for _ in range(phase.concurrency)]
     await asyncio.gather(*(c.connect() for c in conns))  # before the clock
     counter = iter(range(10**12))
@@ -168,13 +181,17 @@ async def closed_loop(base: str, phase: Phase, requests: Sequence[Request]) -> P
             if kind is not None:
                 phase.cache[kind] += 1
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds(server_pid) if server_pid else float("nan")
     try:
         await asyncio.gather(*(worker(c) for c in conns))
     finally:
         for conn in conns:
             conn.close()
     phase.duration_s = time.perf_counter() - t0  # includes the requests in flight at the deadline
+    if server_pid:
+        cpu = cpu_seconds(server_pid) - cpu0
+        phase.extra.update(server_cpu_pct=round(100 * cpu / phase.duration_s),
+                           server_cpu_us_per_req=round(cpu / max(1, len(phase.latencies_ms)) * 1e6))
     return phase
 
 
