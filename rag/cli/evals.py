@@ -245,6 +245,8 @@ CACHE_EMBEDDERS = {"minilm": "sentence-transformers", "use": "use", "e5": "e5", 
 @click.option("--kind", "kinds", metavar="KIND,...", help="Only pairs of these kinds.")
 @click.option("--goal", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
               help="The wrong-hit rate the best threshold must stay under, for every kind of different questions.")
+@click.option("--slack", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="Hit rate the best threshold may give up: the highest threshold within this of the most hits.")
 @click.option("--cross-lingual", is_flag=True,
               help="The language guard lets pairs in two languages through (answers are then served across "
               "languages).")
@@ -252,12 +254,13 @@ CACHE_EMBEDDERS = {"minilm": "sentence-transformers", "use": "use", "e5": "e5", 
 @click.pass_obj
 @handle_errors
 def cache_cmd(obj: Context, pairs: str | None, embedder: str, thresholds: str, guards: str | None,
-              langs: str | None, splits: str | None, kinds: str | None, goal: float, cross_lingual: bool,
-              as_json: bool) -> None:
+              langs: str | None, splits: str | None, kinds: str | None, goal: float, slack: float,
+              cross_lingual: bool, as_json: bool) -> None:
     """Measure the semantic answer cache on labelled question pairs: for each threshold and
     guard set, the hit rate on pairs that are the same question and the wrong-hit rate on pairs
-    that are not, per language; then the best threshold of each guard set (the most hits with
-    a wrong-hit rate under --goal for every kind of different questions).
+    that are not, per language; then the best threshold of each guard set: of those with a
+    wrong-hit rate under --goal for every kind of different questions, the highest within
+    --slack of the most hits.
 
     PAIRS is a JSONL file (- for stdin) of {"a", "b", "same": true|false}, optionally "kind",
     "lang" and "split": e.g. questions from your own log, labelled. [default: the pairs made
@@ -288,7 +291,7 @@ def cache_cmd(obj: Context, pairs: str | None, embedder: str, thresholds: str, g
         raise ConfigError(f"no pairs in {path} match --lang, --split and --kind")
     sets, values = guard_sets(guards), parse_thresholds(thresholds)
     report = evaluate(chosen, _cache_embedder(obj, embedder), thresholds=values, guards=sets,
-                      multilingual=cross_lingual, goal=goal)
+                      multilingual=cross_lingual, goal=goal, slack=slack)
     report["file"] = path
     emit(report, as_json, render)
 
