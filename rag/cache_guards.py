@@ -18,7 +18,7 @@ Norman register?" at a cosine of 0.9 or more; a guard looks at what the cosine b
 - ``qtype``: both ask for the same kind of answer by their question words: a time (when,
   what year, 什么时候, 哪一年), a place, a reason, a quantity (how many, 多少, 几), a person
   (who, 谁), a manner or a thing (what, which, 什么, 哪个). "Who sequenced the first plastome?"
-  and "When was the first plastome sequenced?" are 0.95 apart for MiniLM. Works across
+  and "When was the first plastome sequenced?" are at a cosine of 0.95 for MiniLM. Works across
   languages; a question without question words ("Python 3.11 release date") passes.
 - ``language``: both are in the same language (:func:`rag.lang.detect_lang`), because the
   answer is written in its question's language; ``multilingual=True`` lets a pair in two
