@@ -7,8 +7,13 @@ sampling overrides and a fingerprint of the settings that shape an answer (retri
 generator, sampling, prompt, embedder, index backends). On an exact miss it is looked up
 **semantically**: the question's embedding (the deployment's embedder) against the answers
 cached in the same scope, served when the cosine is at least ``cache.semantic_threshold``
-(0.95) and both questions name the same numbers ("Python 3.11" is not "Python 3.12", which
-MiniLM puts at 0.93).
+and the two questions pass the ``cache.guards`` (:mod:`rag.cache_guards`): the same numbers
+("Python 3.11" is not "Python 3.12", which MiniLM puts at 0.93), names, negation, question
+type ("Who sequenced the first plastome?" is not "When was it sequenced?", 0.95) and
+language. The threshold defaults to the embedder's measured value
+(:data:`SEMANTIC_THRESHOLDS`): the highest cosine that keeps wrong hits under 1% on
+near-duplicate XQuAD pairs held out from its choice (``ragqa eval cache``,
+``evals/RESULTS-cache.md``).
 
 **Freshness.** An answer lives ``cache.ttl_s`` (24 hours), unless the index changes under it:
 
@@ -70,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag.cache_guards import same_question
 from rag.cache_stores import MemoryAnswerCache, RedisAnswerCache
 from rag.errors import ConfigError
 from rag.lang import detect_lang, ranks
@@ -85,18 +91,18 @@ __all__ = ["CachedAnswer", "Lookup", "MemoryAnswerCache", "RedisAnswerCache", "A
            "config_fingerprint"]
 
 log = logging.getLogger(__name__)
+SEMANTIC_THRESHOLDS = {"st:all-MiniLM-L6-v2": 0.91, "use:multilingual-v3": 0.85}
+"""Measured per embedder (``evals/RESULTS-cache.md``): on held-out XQuAD pairs with all guards,
+MiniLM 93.7% of same-question pairs hit and 0.0% of different-question pairs; USE 93.2% and 0.2%."""
+DEFAULT_THRESHOLD = 0.95  # an embedder not measured
+DEFAULT_GUARDS = ("numbers", "entities", "negation", "qtype", "language")
 _TRAILING = re.compile(r"[\s?？!！.。,，;；:：、…]+$")
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def normalise_question(question: str) -> str:
     """The form two questions must share to be the same question to the exact cache."""
     text = unicodedata.normalize("NFKC", question).casefold()
     return _TRAILING.sub("", " ".join(text.split()))
-
-
-def _numbers(normalised: str) -> list[str]:
-    return sorted(_NUMBER.findall(normalised))
 
 
 def _digest(*parts: str) -> str:
@@ -123,19 +129,20 @@ class CachedAnswer:
     citations: tuple[Citation, ...]
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)
-    question: str = ""  # normalised; the semantic lookup compares its numbers
+    question: str = ""  # normalised: the exact key's form
     created: float = 0.0
+    asked: str = ""  # as typed: the semantic lookup's guards compare it (names keep their capitals)
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "sources": [_citation_dict(c) for c in self.sources],
                 "citations": [_citation_dict(c) for c in self.citations], "finish_reason": self.finish_reason,
-                "usage": dict(self.usage), "question": self.question, "created": self.created}
+                "usage": dict(self.usage), "question": self.question, "created": self.created, "asked": self.asked}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CachedAnswer:
         return cls(d["text"], tuple(_citation(c) for c in d.get("sources", ())),
                    tuple(_citation(c) for c in d.get("citations", ())), d.get("finish_reason", "stop"),
-                   dict(d.get("usage", {})), d.get("question", ""), float(d.get("created", 0.0)))
+                   dict(d.get("usage", {})), d.get("question", ""), float(d.get("created", 0.0)), d.get("asked", ""))
 
 
 @dataclass(slots=True)
@@ -147,6 +154,7 @@ class Lookup:
     question: str
     kind: str = "miss"  # hit | semantic | miss
     answer: CachedAnswer | None = None
+    asked: str = ""  # the question as typed
     recheck: bool = False  # the answer's sources gained chunks since it was stored: compare its context first
     generation: int = 0  # the store's clock at the lookup
     entry: str = ""  # the key the answer is stored under (the lookup's own key for an exact hit)
@@ -183,18 +191,29 @@ class AnswerCacheLayer:
     work: call it from a worker thread in async code.
     """
 
-    def __init__(self, store: AnswerCache, *, ttl_s: float = 86_400, semantic_threshold: float = 0.95,
+    def __init__(self, store: AnswerCache, *, ttl_s: float = 86_400,
+                 semantic_threshold: float | Callable[[], float] = DEFAULT_THRESHOLD,
+                 guards: Sequence[str] = DEFAULT_GUARDS,
                  embed: Callable[[str], np.ndarray | None] | None = None, fingerprint: str = "",
                  changes: ChangeLog | None = None, default_top_k: int = 8) -> None:
         self.backend = store
         self.ttl_s = ttl_s
-        self.semantic_threshold = semantic_threshold
+        self._threshold = semantic_threshold
+        self.guards = tuple(guards)
+        same_question("", "", self.guards)  # an unknown guard is an error now, not at the first lookup
         self.embed = embed
         self.fingerprint = fingerprint
         self.changes = changes
         self.default_top_k = default_top_k
         self._token: object = None
         self._sync_lock = threading.Lock()
+
+    @property
+    def semantic_threshold(self) -> float:
+        """The least cosine (a callable threshold is asked once the embedder is loaded)."""
+        if callable(self._threshold):
+            self._threshold = self._threshold()
+        return self._threshold
 
     def scope(self, *, filters: Filters | None, history: Sequence[Mapping[str, str]], top_k: int | None,
               overrides: Mapping[str, Any] | None) -> str:
@@ -228,7 +247,7 @@ class AnswerCacheLayer:
         self.sync()
         scope = self.scope(filters=filters, history=history, top_k=top_k, overrides=overrides)
         normalised = normalise_question(question)
-        found = Lookup(_digest(scope, normalised), scope, normalised)
+        found = Lookup(_digest(scope, normalised), scope, normalised, asked=question)
         value, clock = self.backend.get(found.key, (filters or Filters()).source)
         found.generation = clock.now
         if value is not None:
@@ -236,7 +255,7 @@ class AnswerCacheLayer:
         elif self.embed is not None and (vector := self._embed(question, found)) is not None:
             for value, score in self.backend.nearest(scope, vector, self.semantic_threshold):
                 answer = CachedAnswer.from_dict(value)
-                if _numbers(answer.question) == _numbers(normalised):
+                if same_question(answer.asked or answer.question, question, self.guards):
                     found.kind, found.answer, found.similarity = "semantic", answer, score
                     found.entry = value.get("key", "")
                     break
@@ -261,7 +280,7 @@ class AnswerCacheLayer:
         changed since the lookup (its context may already be stale)."""
         self.sync()
         answer = CachedAnswer(answer.text, answer.sources, answer.citations, answer.finish_reason, answer.usage,
-                              lookup.question, time.time())
+                              lookup.question, time.time(), lookup.asked)
         value = {**answer.to_dict(), "gen": lookup.generation, "key": lookup.key}
         return self.backend.put(lookup.key, value, self.ttl_s,
                                 scope=lookup.scope if lookup.vector is not None else None, vector=lookup.vector,
@@ -358,7 +377,11 @@ def make_answer_cache(services: Services, *, salt: str = "",
         embedder = services.embedder
         return embedder.embed_query(question) if ranks(embedder, detect_lang(question)) else None
 
-    return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold,
+    def threshold() -> float:
+        return SEMANTIC_THRESHOLDS.get(services.embedder.name, DEFAULT_THRESHOLD)
+
+    return AnswerCacheLayer(store, ttl_s=cfg.ttl_s, semantic_threshold=cfg.semantic_threshold or threshold,
+                            guards=cfg.guards,
                             embed=embed if cfg.semantic else None,
                             fingerprint=config_fingerprint(services.settings, salt),
                             changes=services.state, default_top_k=services.settings.retrieval.top_k)

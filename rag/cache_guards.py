@@ -88,7 +88,8 @@ _ZH_NEGATION = frozenset({"不", "没", "没有", "无", "非", "别", "未", "�
 # What a question asks for, by its question words: the first alternative that matches at a
 # position wins, so "what year" is a time before "what" is a thing.
 _EN_QTYPES = (
-    ("time", r"when|(?:what|which) (?:year|years|date|day|month|century|decade|time|period|era|season)"),
+    ("time", (r"when|(?:what|which) (?:year|years|date|day|month|century|decade|time|period|era|season)"
+              r"|(?:what|which) (?:is|was|are|were) the (?:\w+ ){0,2}(?:year|date|day|month|time)")),
     ("place", r"where|(?:what|which) (?:place|location)"),
     ("reason", r"why|for what reason|what (?:is|was) the reason"),
     ("quantity", (r"how (?:many|much|long|old|far|often|big|large|tall|high|fast)"

@@ -318,7 +318,13 @@ class CacheSettings(BaseModel):
     ttl_s: int = Field(default=86_400, ge=1, le=7 * 86_400, description=(
         "Seconds a cached answer is served at most (a reindex that changes its sources drops it sooner)."))
     semantic: bool = Field(default=True, description="Also serve answers of near-identical questions.")
-    semantic_threshold: float = Field(default=0.95, gt=0, le=1, description="Least cosine for a semantic hit.")
+    semantic_threshold: float | None = Field(default=None, gt=0, le=1, description=(
+        "Least cosine for a semantic hit; unset: the embedder's measured value (MiniLM 0.91, USE 0.85, "
+        "others 0.95; see evals/RESULTS-cache.md and `ragqa eval cache`)."))
+    guards: list[Literal["numbers", "entities", "negation", "qtype", "language"]] = Field(
+        default=["numbers", "entities", "negation", "qtype", "language"], description=(
+            "What a semantic hit's two questions must share besides a close embedding: the same numbers, "
+            "names, negation, question type (who, when, how many...) and language."))
     max_entries: int = Field(default=10_000, ge=1, description="memory: answers kept (least recently used go).")
     semantic_scan: int = Field(
         default=256, ge=1, le=10_000, description="redis: the most recent answers per scope a semantic lookup compares.")
