@@ -7,6 +7,11 @@
   ``answers_degraded_total`` and ``streams_running``.
 - ``answer_cache_lookups_total{result}``: answer cache lookups by result, ``hit`` (the same
   question), ``semantic`` (a near-identical one) or ``miss``; none when the cache is off or skipped.
+- The answer cache's freshness and health (counted by :mod:`rag.cache_stores`, defined in
+  :mod:`rag.metrics`): ``answer_cache_dropped_total`` (answers built from passages a reindex
+  changed or removed, and purges), ``answer_cache_rechecks_total{result}`` (``kept``,
+  ``stale``: answers checked again after their sources gained documents) and
+  ``answer_cache_errors_total{op}`` (its Redis unreachable: the answer went on without it).
 - Prompt-injection screening (counted by :mod:`rag.injection`, defined in :mod:`rag.metrics`):
   ``injection_questions_total{verdict}``, ``injection_question_blocks_total{rule}``,
   ``injection_chunks_total{action}`` (excluded, quoted), ``injection_rule_matches_total{target,rule}``
