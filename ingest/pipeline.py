@@ -4,7 +4,10 @@ The CLI, the scheduler and the admin API all call it. A run crawls the source, h
 each document's normalised text, and re-chunks and re-embeds only documents whose hash
 changed; chunks whose text is unchanged reuse their stored vectors. Documents that the
 source no longer has are deleted from every index, but only after a crawl that could see
-the whole source and had no errors: a failing crawl never deletes anything.
+the whole source and had no errors: a failing crawl never deletes anything, a page that
+answers with no text is an error (the old version stays), and a run that would delete more
+than ``crawl.max_delete_fraction`` (half) of a source deletes nothing without
+``allow_mass_delete``.
 
 Indexes are written before the state database, so a run that dies half way leaves the
 old state in place and the next run redoes the unfinished documents. The state database logs
@@ -35,7 +38,7 @@ from ingest.sources.base import Fetched, Validator
 from ingest.vectors import vectors_for
 from rag.cache import push_changes
 from rag.errors import ConfigError
-from rag.metrics import CHUNKS_EMBEDDED, INDEX_LAST_SUCCESS, REINDEX_RUNS
+from rag.metrics import CHUNKS_EMBEDDED, DELETIONS_REFUSED, INDEX_LAST_SUCCESS, REINDEX_RUNS
 from rag.services import Services
 from rag.types import Chunk, Document
 
@@ -68,6 +71,7 @@ class RunReport:
     seconds: float = 0.0
     complete: bool = True
     deletions_skipped: bool = False
+    deletions_refused: int = 0  # documents the mass-deletion guard kept
     answers_dropped: int = 0  # from a shared (Redis) answer cache; a memory cache drops its own at its next lookup
     errors: list[str] = field(default_factory=list)
 
@@ -173,12 +177,14 @@ def delete_documents(services: Services, doc_ids: Sequence[str]) -> None:
 
 
 def reindex(services: Services, source: str, mode: Mode = "incremental", *,
-            progress: bool = False) -> RunReport:
+            progress: bool = False, allow_mass_delete: bool = False) -> RunReport:
     """Crawl one source and bring every index up to date. Safe to run again at any time.
 
     ``incremental`` sends conditional requests (and skips unmodified files), so unchanged
     pages cost a 304; ``full`` fetches and re-extracts everything. Both re-embed only
-    what changed, and both delete documents that a complete, error-free crawl no longer saw.
+    what changed, and both delete documents that a complete, error-free crawl no longer saw,
+    unless that is more than ``crawl.max_delete_fraction`` of the source (then nothing is
+    deleted, the report says so, and ``allow_mass_delete`` lets it through).
     """
     if mode not in ("full", "incremental"):
         raise ConfigError(f"mode must be 'full' or 'incremental', not {mode!r}")
@@ -220,8 +226,12 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
                 report.fetched += 1
                 doc = item.document
                 if doc is None or not doc.text.strip():
+                    # A page that answers with no text is broken for now, not gone: keep the old one.
+                    report.failed += 1
+                    if len(report.errors) < 20:
+                        report.errors.append(f"{item.url}: no text could be extracted")
                     if old is not None:
-                        gone.add(old.id)
+                        seen.add(old.id)
                     continue
                 seen.add(doc.id)
                 h = text_hash(doc.title, doc.text)
@@ -248,6 +258,18 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         elif deletes_missing and set(known) - seen - gone:
             report.deletions_skipped = True
         to_delete -= seen
+        limit = services.settings.crawl.max_delete_fraction * len(known)
+        if to_delete and len(to_delete) > max(limit, 1) and not allow_mass_delete:
+            # An empty folder (a volume not mounted) or a site whose navigation broke looks
+            # like a source that lost most of its pages: keep them, and say so.
+            report.deletions_refused = len(to_delete)
+            report.deletions_skipped = True
+            report.errors.append(
+                f"refused to delete {len(to_delete)} of {len(known)} documents (more than "
+                f"{services.settings.crawl.max_delete_fraction:.0%}); if the source really lost them, run "
+                "`ragqa reindex --source {0} --allow-mass-delete`".replace("{0}", source))
+            DELETIONS_REFUSED.labels(source).inc(len(to_delete))
+            to_delete = set()
         report.chunks_deleted = sum(len(state.chunk_hashes(d)) for d in to_delete)
         delete_documents(services, sorted(to_delete))
         report.deleted = len(to_delete)

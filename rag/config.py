@@ -374,6 +374,9 @@ class CrawlSettings(BaseModel):
     user_agent: str = "ragqa/0.1 (+https://github.com/ragqa/ragqa)"
     respect_robots: bool = True
     boilerplate_patterns: tuple[str, ...] = DEFAULT_BOILERPLATE
+    max_delete_fraction: float = Field(default=0.5, ge=0, le=1, description=(
+        "A run deletes at most this share of a source's documents (an empty folder because a volume "
+        "is not mounted, a site whose navigation broke); more needs `ragqa reindex --allow-mass-delete`."))
 
 
 class ScheduleSettings(BaseModel):

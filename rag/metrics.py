@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "CHUNKS_EMBEDDED",
+__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
            "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS"]
 
@@ -36,6 +36,13 @@ REINDEX_RUNS = Counter(
     "reindex_runs",
     "Reindex runs by source, mode and outcome (ok, partial, error).",
     ["source", "mode", "status"],
+    registry=REGISTRY,
+)
+DELETIONS_REFUSED = Counter(
+    "reindex_deletions_refused",
+    "Documents a reindex would have deleted but kept, because the run would have deleted more than "
+    "crawl.max_delete_fraction of its source.",
+    ["source"],
     registry=REGISTRY,
 )
 CHUNKS_EMBEDDED = Counter(

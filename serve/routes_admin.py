@@ -51,7 +51,10 @@ def sources(state: State, caller: QueryCaller) -> list[SourceOut]:
                                                 "description": "Another reindex holds the data directory."}},
              summary="Crawl a source now and update the indexes (admin)")
 async def reindex_source(name: str, state: State, caller: AdminCaller,
-                         mode: Literal["full", "incremental"] = Query("incremental")) -> dict[str, Any]:
+                         mode: Literal["full", "incremental"] = Query("incremental"),
+                         allow_mass_delete: bool = Query(
+                             False, description="Delete what the crawl no longer saw even when it is more than "
+                             "crawl.max_delete_fraction of the source.")) -> dict[str, Any]:
     from ingest.pipeline import reindex
 
     services = state.services
@@ -62,7 +65,7 @@ async def reindex_source(name: str, state: State, caller: AdminCaller,
         except ConfigError as exc:
             raise NotFound("name", str(exc)) from None
         with services.write_lock():
-            return reindex(services, name, mode).as_dict()
+            return reindex(services, name, mode, allow_mass_delete=allow_mass_delete).as_dict()
 
     return await asyncio.to_thread(run)
 

@@ -325,5 +325,6 @@ class ReindexResponse(BaseModel):
     seconds: float
     complete: bool
     deletions_skipped: bool
+    deletions_refused: int = 0
     answers_dropped: int = 0
     errors: list[str]

@@ -49,10 +49,13 @@ def ingest(obj: Context, source: str, name: str | None, kind: str | None, trust:
 @click.option("--source", "-s", "source_name", help="Only this source (default: all).")
 @click.option("--mode", "-m", type=click.Choice(["full", "incremental"]), default="incremental",
               show_default=True)
+@click.option("--allow-mass-delete", is_flag=True,
+              help="Delete the documents the crawl no longer saw even when they are more than "
+                   "crawl.max_delete_fraction (half) of the source.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per source.")
 @click.pass_obj
 @handle_errors
-def reindex(obj: Context, source_name: str | None, mode: str, as_json: bool) -> None:
+def reindex(obj: Context, source_name: str | None, mode: str, allow_mass_delete: bool, as_json: bool) -> None:
     """Crawl now and update the indexes; only changed documents are re-embedded."""
     from ingest.pipeline import reindex as run
 
@@ -65,8 +68,9 @@ def reindex(obj: Context, source_name: str | None, mode: str, as_json: bool) -> 
     failed = False
     with services.write_lock():
         for name in names:
-            report = run(services, name, mode, progress=not as_json)  # type: ignore[arg-type]
-            failed |= report.failed > 0
+            report = run(services, name, mode, progress=not as_json,  # type: ignore[arg-type]
+                         allow_mass_delete=allow_mass_delete)
+            failed |= report.failed > 0 or report.deletions_refused > 0
             emit(report.as_dict(), as_json, _report_text)
     sys.exit(2 if failed else 0)
 
@@ -75,7 +79,10 @@ def _report_text(r: dict[str, Any]) -> str:
     line = (f"{r['source']} ({r['mode']}): fetched {r['fetched']}, unchanged {r['unchanged']}, "
             f"changed {r['changed']}, added {r['added']}, deleted {r['deleted']}, failed {r['failed']}; "
             f"embedded {r['chunks_embedded']} chunks in {r['seconds']:.1f}s")
-    if r.get("deletions_skipped"):
+    if r.get("deletions_refused"):
+        line += (f"\n  deletions refused: {r['deletions_refused']} documents kept (more than "
+                 "crawl.max_delete_fraction of the source; --allow-mass-delete deletes them)")
+    elif r.get("deletions_skipped"):
         line += "\n  deletions skipped: the crawl had errors or could not see the whole source"
     for err in r.get("errors", [])[:5]:
         line += f"\n  ! {err}"
