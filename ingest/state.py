@@ -111,12 +111,18 @@ class StateDB:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        self._logged = 0  # changes this connection wrote (``PRAGMA data_version`` counts the others)
+        # A second connection, only for ``PRAGMA data_version``: it moves at every commit of any
+        # other connection (this object's writes included), and reading it never waits for a
+        # write transaction to finish.
+        self._watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._watch_lock = threading.Lock()
         self.log_id = self.get_meta("log_id") or self._new_log_id()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._watch_lock:
+            self._watch.close()
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -243,7 +249,6 @@ class StateDB:
     def _change(self, source: str, kind: str, removed: set[str], added: int) -> list[tuple[str, Sequence[Any]]]:
         if kind == "chunks" and not removed and not added:
             return []  # a reindex that changed nothing logs nothing
-        self._logged += 1
         return [("INSERT INTO changes (at, source, kind, removed, added) VALUES (?, ?, ?, ?, ?)",
                  (time.time(), source, kind, json.dumps(sorted(removed)), added))]
 
@@ -255,9 +260,10 @@ class StateDB:
             return self.last_change()
 
     def change_token(self) -> object:
-        """Differs after any commit by another connection, or a change logged by this one."""
-        with self._lock:
-            return self._db.execute("PRAGMA data_version").fetchone()[0], self._logged
+        """Differs after any commit to the database, by this object or another process; a few
+        microseconds, and never waits for a write in progress."""
+        with self._watch_lock:
+            return self._watch.execute("PRAGMA data_version").fetchone()[0]
 
     def changes_since(self, seq: int) -> list[IndexChange]:
         rows = self._rows("SELECT * FROM changes WHERE seq > ? ORDER BY seq", (seq,))

@@ -95,6 +95,7 @@ SEMANTIC_THRESHOLDS = {"st:all-MiniLM-L6-v2": 0.91, "use:multilingual-v3": 0.85}
 """Measured per embedder (``evals/RESULTS-cache.md``): on held-out XQuAD pairs with all guards,
 MiniLM 93.7% of same-question pairs hit and 0.0% of different-question pairs; USE 93.2% and 0.2%."""
 DEFAULT_THRESHOLD = 0.95  # an embedder not measured
+_NO_FILTERS = Filters()
 DEFAULT_GUARDS = ("numbers", "entities", "negation", "qtype", "language")
 _TRAILING = re.compile(r"[\s?？!！.。,，;；:：、…]+$")
 
@@ -157,6 +158,7 @@ class Lookup:
     asked: str = ""  # the question as typed
     recheck: bool = False  # the answer's sources gained chunks since it was stored: compare its context first
     generation: int = 0  # the store's clock at the lookup
+    added: int = 0  # the clock at the last addition to the sources the lookup covers
     entry: str = ""  # the key the answer is stored under (the lookup's own key for an exact hit)
     similarity: float | None = None
     vector: np.ndarray | None = None
@@ -207,6 +209,7 @@ class AnswerCacheLayer:
         self.default_top_k = default_top_k
         self._token: object = None
         self._sync_lock = threading.Lock()
+        self._answers: dict[str, tuple[dict[str, Any], CachedAnswer]] = {}
 
     @property
     def semantic_threshold(self) -> float:
@@ -217,14 +220,12 @@ class AnswerCacheLayer:
 
     def scope(self, *, filters: Filters | None, history: Sequence[Mapping[str, str]], top_k: int | None,
               overrides: Mapping[str, Any] | None) -> str:
-        parts = {
-            "config": self.fingerprint,
-            "filters": asdict(filters or Filters()),
-            "top_k": top_k or self.default_top_k,
-            "history": [[t.get("role", ""), t.get("content", "")] for t in history],
-            "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
-        }
-        return _digest(json.dumps(parts, sort_keys=True, default=str))
+        # repr of the frozen Filters (tuples, datetimes, an enum) is exact and several times
+        # cheaper than json.dumps(asdict(...)) on every lookup
+        parts = (self.fingerprint, repr(filters or _NO_FILTERS), top_k or self.default_top_k,
+                 [(t.get("role", ""), t.get("content", "")) for t in history],
+                 sorted((k, v) for k, v in (overrides or {}).items() if v is not None))
+        return _digest(repr(parts))
 
     def sync(self) -> int:
         """Apply the change log's new entries to the store; returns the answers dropped. Costs
@@ -243,27 +244,63 @@ class AnswerCacheLayer:
 
     def lookup(self, question: str, *, filters: Filters | None = None, history: Sequence[Mapping[str, str]] = (),
                top_k: int | None = None, overrides: Mapping[str, Any] | None = None) -> Lookup:
+        """The exact lookup, then on a miss the semantic one."""
+        found = self.lookup_exact(question, filters=filters, history=history, top_k=top_k, overrides=overrides)
+        if found.kind == "miss":
+            self.lookup_semantic(found)
+        return found
+
+    def lookup_exact(self, question: str, *, filters: Filters | None = None,
+                     history: Sequence[Mapping[str, str]] = (), top_k: int | None = None,
+                     overrides: Mapping[str, Any] | None = None) -> Lookup:
+        """The exact lookup alone. With a memory store it does no I/O and no model work
+        (:attr:`inline`: the answerer runs it on the event loop, tens of microseconds)."""
         started = time.perf_counter()
         self.sync()
         scope = self.scope(filters=filters, history=history, top_k=top_k, overrides=overrides)
         normalised = normalise_question(question)
         found = Lookup(_digest(scope, normalised), scope, normalised, asked=question)
         value, clock = self.backend.get(found.key, (filters or Filters()).source)
-        found.generation = clock.now
+        found.generation, found.added = clock.now, clock.added
         if value is not None:
-            found.kind, found.answer, found.similarity, found.entry = "hit", CachedAnswer.from_dict(value), 1.0, found.key
-        elif self.embed is not None and (vector := self._embed(question, found)) is not None:
-            for value, score in self.backend.nearest(scope, vector, self.semantic_threshold):
-                answer = CachedAnswer.from_dict(value)
-                if same_question(answer.asked or answer.question, question, self.guards):
-                    found.kind, found.answer, found.similarity = "semantic", answer, score
-                    found.entry = value.get("key", "")
-                    break
-        if found.answer is not None and int(value.get("gen", 0) if value else 0) < clock.added:  # type: ignore[union-attr]
-            found.recheck = True
-        self.backend.count(found.kind)
+            found.kind, found.answer, found.similarity, found.entry = "hit", self._parsed(found.key, value), 1.0, found.key
+            found.recheck = int(value.get("gen", 0)) < clock.added
+            self.backend.count("hit")
         found.timings["cache_ms"] = (time.perf_counter() - started) * 1000
         return found
+
+    def lookup_semantic(self, found: Lookup) -> Lookup:
+        """After an exact miss: the closest cached question of the scope that passes the guards
+        (embeds the question: call it from a worker thread in async code)."""
+        started = time.perf_counter()
+        if self.embed is not None and (vector := self._embed(found.asked, found)) is not None:
+            for value, score in self.backend.nearest(found.scope, vector, self.semantic_threshold):
+                answer = CachedAnswer.from_dict(value)
+                if same_question(answer.asked or answer.question, found.asked, self.guards):
+                    found.kind, found.answer, found.similarity = "semantic", answer, score
+                    found.entry = value.get("key", "")
+                    found.recheck = int(value.get("gen", 0)) < found.added
+                    break
+        self.backend.count(found.kind)
+        found.timings["cache_ms"] = found.timings.get("cache_ms", 0.0) + (time.perf_counter() - started) * 1000
+        return found
+
+    @property
+    def inline(self) -> bool:
+        """Whether :meth:`lookup_exact` is cheap enough for the event loop (a memory store)."""
+        return isinstance(self.backend, MemoryAnswerCache)
+
+    def _parsed(self, key: str, value: dict[str, Any]) -> CachedAnswer:
+        """``value`` as a :class:`CachedAnswer`, parsed once per stored object (a memory store
+        hands back the same dict on every hit)."""
+        cached = self._answers.get(key)
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        answer = CachedAnswer.from_dict(value)
+        self._answers[key] = (value, answer)
+        if len(self._answers) > 4096:
+            self._answers.pop(next(iter(self._answers)))
+        return answer
 
     def _embed(self, question: str, found: Lookup) -> np.ndarray | None:
         assert self.embed is not None
