@@ -289,7 +289,7 @@ class TestEngine:
                 for i in range(10)]
         assert sum(engine.count_tokens(h.chunk.text) for h in hits) > 4 * TINY_MAX_LEN
         retriever = SimpleNamespace(search=lambda question, k, filters, **_: Retrieval(hits, {}))
-        answerer = Answerer(SimpleNamespace(settings=Settings()), generator=engine,
+        answerer = Answerer(SimpleNamespace(settings=Settings(cache={"backend": "off"})), generator=engine,
                             retriever=retriever)  # type: ignore[arg-type]
 
         async def ask() -> list[Any]:
