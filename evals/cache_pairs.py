@@ -324,7 +324,7 @@ ZH_NAME_TAGS = {"nr": "person", "nrt": "person", "nrfg": "person", "ns": "place"
 
 def zh_names(q: str) -> list[str]:
     """jieba's proper nouns of ``q`` as ``"tag:name"`` (names joined by a middle dot kept whole)."""
-    from rag.cache_guards import _jieba
+    from rag.lang import jieba as _jieba
 
     words = [(p.word, p.flag) for p in _jieba().posseg.cut(q)]
     out: list[str] = []
@@ -385,7 +385,7 @@ def en_negated(q: str, rng: random.Random) -> str | None:
 
 
 def zh_negated(q: str, rng: random.Random) -> str | None:
-    from rag.cache_guards import _jieba
+    from rag.lang import jieba as _jieba
 
     words = _jieba().lcut(q)
     for word, negation in (("是", "不是"), ("有", "没有"), ("能", "不能"), ("会", "不会"), ("可以", "不可以")):

@@ -37,14 +37,13 @@ Example::
 from __future__ import annotations
 
 import re
-import threading
 import unicodedata
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import Any
 
 from rag.errors import ConfigError
 from rag.lang import CJK, detect_lang
+from rag.lang import jieba as load_jieba
 
 __all__ = ["GUARDS", "entities", "negated", "numbers", "qtypes", "same_entities", "same_language", "same_negation",
            "same_numbers", "same_qtype", "same_question"]
@@ -111,26 +110,6 @@ _ZH_QTYPES = (
 _EN_QWORD = re.compile("|".join(f"(?P<{name}>\\b(?:{words})\\b)" for name, words in _EN_QTYPES), re.IGNORECASE)
 _ZH_QWORD = re.compile("|".join(f"(?P<{name}>{words})" for name, words in _ZH_QTYPES))
 
-_jieba_lock = threading.Lock()
-_jieba_ready = False
-
-
-def _jieba() -> Any:  # imported on first use: its dictionary takes about a second to load
-    global _jieba_ready
-    import logging
-
-    import jieba
-    import jieba.posseg
-
-    if not _jieba_ready:
-        with _jieba_lock:
-            if not _jieba_ready:
-                jieba.setLogLevel(logging.WARNING)
-                jieba.initialize()
-                _jieba_ready = True
-    return jieba
-
-
 # -- what each guard compares ------------------------------------------------------------------------
 @lru_cache(maxsize=8192)
 def numbers(text: str) -> tuple[str, ...]:
@@ -149,7 +128,7 @@ def entities(text: str) -> tuple[frozenset[str], frozenset[str]]:
                       and w.casefold() not in _NOT_NAMES) if cased else frozenset()
     han = {_undotted(title) for title in _TITLE.findall(text)}  # 《护卫者》: a work's name, in any script
     if CJK.search(text):
-        words = [(p.word, p.flag) for p in _jieba().posseg.cut(_flat(text))]
+        words = [(p.word, p.flag) for p in load_jieba().posseg.cut(_flat(text))]
         for i, (word, flag) in enumerate(words):
             if flag in _ENTITY_TAGS and len(word) > 1 and word not in _NOT_HAN_NAMES:
                 han.add(word)
@@ -181,7 +160,7 @@ def negated(text: str) -> int:
     count = len(_NT.findall(text)) + sum(1 for w in _WORD.findall(text) if w.casefold() in _EN_NEGATION)
     runs = _HAN_RUN.findall(text)
     if runs:
-        jieba = _jieba()
+        jieba = load_jieba()
         count += sum(1 for run in runs for w in jieba.lcut(run) if w in _ZH_NEGATION)
     return count
 

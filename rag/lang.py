@@ -21,9 +21,12 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+from typing import Any
 
-__all__ = ["CJK", "LANG_NAMES", "detect_lang", "covers", "model_languages", "ranks"]
+__all__ = ["CJK", "LANG_NAMES", "detect_lang", "covers", "model_languages", "ranks", "jieba"]
 
 LANG_NAMES = {"en": "English", "zh": "Chinese"}
 
@@ -73,3 +76,23 @@ def covers(languages: frozenset[str] | None, lang: str) -> bool:
 def ranks(embedder: object, lang: str) -> bool:
     """Whether ``embedder`` ranks text in ``lang`` (one that declares no ``languages``: any)."""
     return covers(getattr(embedder, "languages", None), lang)
+
+
+_jieba_lock = threading.Lock()
+_jieba_ready = False
+
+
+def jieba() -> Any:
+    """The ``jieba`` Chinese word segmenter, its dictionary loaded (about a second, once per
+    process, on first use); ``jieba.posseg`` is imported too."""
+    global _jieba_ready
+    import jieba as module
+    import jieba.posseg  # noqa: F401 - the part-of-speech tagger the cache guards use
+
+    if not _jieba_ready:
+        with _jieba_lock:
+            if not _jieba_ready:
+                module.setLogLevel(logging.WARNING)
+                module.initialize()
+                _jieba_ready = True
+    return module

@@ -22,14 +22,14 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
 import tantivy
+
+from rag.lang import jieba as load_jieba
 
 __all__ = [
     "ENGLISH_TOKENIZER",
@@ -53,8 +53,6 @@ _HAN_RUN = re.compile(
     "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ebef]+"
 )
 _SPACES = re.compile(r"\s+")
-_jieba_lock = threading.Lock()
-_jieba_ready = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,25 +89,12 @@ def english_terms(text: str) -> list[str]:
     return english_analyzer().analyze(text) if text else []
 
 
-def _jieba():  # noqa: ANN202 - the module is imported lazily; loading its dictionary takes ~1 s
-    global _jieba_ready
-    import jieba
-
-    if not _jieba_ready:
-        with _jieba_lock:
-            if not _jieba_ready:
-                jieba.setLogLevel(logging.WARNING)
-                jieba.initialize()
-                _jieba_ready = True
-    return jieba
-
-
 def cjk_terms(text: str) -> list[str]:
     """jieba search-mode words of every Han run in already normalised text."""
     runs = _HAN_RUN.findall(text)
     if not runs:
         return []
-    jieba = _jieba()
+    jieba = load_jieba()
     out: list[str] = []
     for run in runs:
         out.extend(w for w in jieba.cut_for_search(run) if w.strip())
