@@ -3,8 +3,10 @@
 ``Answerer.stream`` yields, in order: one ``sources`` event with every packed passage's
 citation, ``delta`` events with answer text (labels already checked against the context),
 and one ``done`` event with the cited sources, finish reason, token counts, per-stage
-timings and the ``degraded`` flag. When the generator is down before its first token, the
-extractive answerer takes over and the answer is flagged degraded; a failure after the
+timings and the ``degraded`` flag with its ``warnings``. A retrieval leg whose backend is
+down is left out (:mod:`rag.retrieval.legs`) and the answer is flagged degraded, saying which.
+When the generator is down before its first token, the extractive answerer takes over
+(``fallback``) and the answer is flagged degraded; a failure after the
 first token ends the stream with an ``error`` event.
 
 Questions and passages are screened for prompt injection (:mod:`rag.injection`). A blocked
@@ -70,7 +72,9 @@ class AnswerEvent:
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    degraded: bool = False
+    degraded: bool = False  # a retrieval leg or the generator was down: see ``warnings``
+    warnings: tuple[str, ...] = ()  # on sources/done/error: what was missing, in words
+    fallback: bool = False  # the generator was down and the answer is extractive
     error: str | None = None
     cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
     screening: Screening | None = None  # on ``done``: the question's verdict, passages excluded or quoted
@@ -243,18 +247,23 @@ class Answerer:
         screening = replace(screening, question=verdict, history_dropped=dropped)
 
         generator: Generator = self.generator
-        degraded = False
+        warnings = list(retrieval.degraded)
+        fallback = False
         try:
             await self.start()
         except (BackendError, GeneratorError) as exc:
             if not self.services.settings.generator.fallback:
                 raise
             log.warning("generator %s unavailable, answering extractively: %s", generator.name, exc)
-            generator, degraded = self.fallback, True
+            warnings.append(f"generator {generator.name} unavailable, answered extractively: {exc}")
+            generator, fallback = self.fallback, True
+
+        def state() -> dict[str, Any]:
+            return {"degraded": bool(warnings), "warnings": tuple(warnings), "fallback": fallback}
 
         packed, prompt = await asyncio.to_thread(self._prompt, generator, question, hits, history, params)
         timings["pack_ms"] = (time.perf_counter() - started) * 1000 - timings["retrieve_ms"]
-        yield AnswerEvent("sources", citations=tuple(packed.citations.values()), degraded=degraded)
+        yield AnswerEvent("sources", citations=tuple(packed.citations.values()), **state())
 
         cites, infer = CitationStream(packed.citations), self._attributor(packed)
         gen_started = time.perf_counter()
@@ -268,13 +277,14 @@ class Answerer:
                 except StopAsyncIteration:
                     break
                 except (BackendError, GeneratorError) as exc:
-                    if not first or degraded or not self.services.settings.generator.fallback:
-                        yield AnswerEvent("error", error=str(exc), degraded=degraded,
-                                          timings=_finish(timings, started, gen_started))
+                    if not first or fallback or not self.services.settings.generator.fallback:
+                        yield AnswerEvent("error", error=str(exc), timings=_finish(timings, started, gen_started),
+                                          **state())
                         return
                     log.warning("generator %s failed before its first token, answering extractively: %s",
                                 generator.name, exc)
-                    generator, degraded = self.fallback, True
+                    warnings.append(f"generator {generator.name} failed, answered extractively: {exc}")
+                    generator, fallback = self.fallback, True
                     packed, prompt = self._prompt(generator, question, hits, history, params)
                     cites, infer = CitationStream(packed.citations), self._attributor(packed)
                     stream = generator.stream(prompt, params)
@@ -301,7 +311,7 @@ class Answerer:
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
         yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
-                          timings=_finish(timings, started, gen_started), degraded=degraded, screening=screening,
+                          timings=_finish(timings, started, gen_started), screening=screening, **state(),
                           attribution=_counts(infer))
 
     def _attributor(self, packed: PackedContext) -> Attributor | None:

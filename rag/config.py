@@ -105,8 +105,11 @@ class LexicalSettings(BaseModel):
     password: SecretStr | None = None
     ca_certs: Path | None = None
     verify_certs: bool = True
-    request_timeout_s: float = Field(default=30.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
+    request_timeout_s: float = Field(default=30.0, gt=0, description="elasticsearch: writes and admin calls.")
+    max_retries: int = Field(default=3, ge=0, description="elasticsearch: retries of writes and admin calls.")
+    query_timeout_s: float = Field(default=2.0, gt=0, description=(
+        "elasticsearch: a search gets one try of at most this long; past it the answer goes on from the "
+        "vector leg, flagged degraded."))
 
     @model_validator(mode="after")
     def _es_needs_url(self) -> LexicalSettings:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 __all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
-           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS"]
+           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -124,6 +124,14 @@ def _gpu_memory() -> dict[str, tuple[float, float]]:
 
 
 REGISTRY.register(GpuMemoryCollector())
+
+RETRIEVAL_LEG_DOWN = Counter(
+    "retrieval_leg_down",
+    "Queries answered without one retrieval leg (lexical, vector, rerank) because its backend failed or "
+    "was skipped after failing; the answers were flagged degraded.",
+    ["leg"],
+    registry=REGISTRY,
+)
 
 # The answer cache's stores (rag/cache_stores.py); lookups by result are counted by the service.
 CACHE_DROPPED = Counter(

@@ -203,6 +203,7 @@ class Services:
                 password=cfg.password.get_secret_value() if cfg.password else None,
                 ca_certs=str(cfg.ca_certs) if cfg.ca_certs else None, verify_certs=cfg.verify_certs,
                 request_timeout=cfg.request_timeout_s, max_retries=cfg.max_retries,
+                query_timeout=cfg.query_timeout_s,
             )
         raise ConfigError(f"unknown lexical backend {cfg.backend!r}")
 

@@ -48,7 +48,7 @@ async def observed(route: str, state: AppState, events: AsyncIterator[AnswerEven
                 observe_answer(route, event)
                 if event.cache in (None, "miss"):  # a cached answer says nothing of the generator now
                     state.generator.state, state.generator.detail = (
-                        ("down", "the last answer fell back to extractive") if event.degraded else ("ready", None))
+                        ("down", "the last answer fell back to extractive") if event.fallback else ("ready", None))
             elif event.kind == "error":
                 observe_answer(route, event)
             yield event

@@ -54,7 +54,7 @@ TTFT_SECONDS = Histogram("answer_ttft_seconds", "Time from the question to the f
 TOKENS_PER_SECOND = Histogram("answer_tokens_per_second", "Generation speed of an answer, in completion tokens/s.",
                               buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000), registry=REGISTRY)
 ANSWERS = Counter("answers", "Answers by route and outcome (ok, error).", ["route", "outcome"], registry=REGISTRY)
-DEGRADED = Counter("answers_degraded", "Answers given extractively because the generator was down.",
+DEGRADED = Counter("answers_degraded", "Answers flagged degraded: a retrieval leg or the generator was down.",
                    registry=REGISTRY)
 CACHE_LOOKUPS = Counter("answer_cache_lookups", "Answer cache lookups by result: hit, semantic, miss.",
                         ["result"], registry=REGISTRY)

@@ -59,7 +59,7 @@ def _response(text: str, done: AnswerEvent, conversation_id: str) -> AskResponse
     prompt, completion = done.usage.get("prompt_tokens", 0), done.usage.get("completion_tokens", 0)
     return AskResponse(answer=text, citations=[CitationOut.of(c) for c in done.citations],
                        conversation_id=conversation_id, timings=done.timings, cache=done.cache or "miss",
-                       degraded=done.degraded, finish_reason=done.finish_reason,
+                       degraded=done.degraded, warnings=list(done.warnings), finish_reason=done.finish_reason,
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
                                    total_tokens=prompt + completion))
 
@@ -79,7 +79,8 @@ class AskRenderer:
         async for event in answer:
             if event.kind == "sources":
                 yield _out("sources", {"citations": [CitationOut.of(c).model_dump(mode="json") for c in event.citations],
-                                       "degraded": event.degraded, "conversation_id": self.conversation_id})
+                                       "degraded": event.degraded, "warnings": list(event.warnings),
+                                       "conversation_id": self.conversation_id})
             elif event.kind == "delta":
                 parts.append(event.text)
                 yield _out("delta", {"text": event.text})

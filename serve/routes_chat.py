@@ -10,6 +10,10 @@ error after the stream started is a ``data: {"error": {...}}`` event, then ``[DO
 chunk) says whether the answer came from the answer cache: ``hit``, ``semantic`` or ``miss``.
 ``rag.no_cache: true`` skips the cache.
 
+**Degraded**: when part of the service was down (a retrieval index, the generator) the answer
+comes from what was left, and says so: the header ``X-Degraded`` (the reasons) on a
+non-streamed answer, ``delta.degraded`` and ``delta.warnings`` on the last streamed chunk.
+
 **Resume**: re-send the same request with the header ``Last-Event-ID: <stream_id>:<n>``,
 where ``<n>`` is the number of events already received (``stream_id`` is the completion id
 without ``chatcmpl-``, or the ``X-Stream-Id`` response header). With OpenAI's client::
@@ -114,7 +118,8 @@ class ChunkRenderer:
             elif event.kind == "delta":
                 yield self._delta({"content": event.text})
             elif event.kind == "done":
-                yield self._delta({"citations": _citations(event), "cache": event.cache or "miss"},
+                extra = {"degraded": True, "warnings": list(event.warnings)} if event.degraded else {}
+                yield self._delta({"citations": _citations(event), "cache": event.cache or "miss", **extra},
                                   event.finish_reason or "stop")
                 if self.include_usage:
                     yield self._chunk([], _usage(event))
@@ -147,6 +152,8 @@ async def chat_completions(
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         response.headers["X-Cache"] = result.done.cache or "miss"
+        if result.done.degraded:
+            response.headers["X-Degraded"] = "; ".join(result.done.warnings)[:1000] or "degraded"
         return ChatCompletion(
             id="chatcmpl-" + state.streams.new_id(), created=int(time.time()), model=body.model,
             choices=[Choice(message=AssistantMessage(content=result.text, citations=[

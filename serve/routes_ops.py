@@ -1,7 +1,9 @@
 """Operations: ``GET /health`` (liveness), ``GET /ready`` (each backend), ``GET /metrics``.
 
-``/ready`` is 200 when the indexes answer and the generator is up, or down with the
-extractive fallback on (``status: degraded``); otherwise 503.
+``/ready`` is 200 when the indexes answer and the generator is up (``status: ready``), or
+when one index is unavailable (answers come from the other, flagged degraded) or the generator
+is down with the extractive fallback on (``status: degraded``); 503 when both indexes are
+unavailable, or the generator is down without a fallback.
 """
 
 from __future__ import annotations
@@ -52,10 +54,13 @@ async def ready(state: State) -> Any:
     generator = BackendState(state="ready" if gen.state == "ready" else "down",
                              backend=state.answerer.generator.name, detail=gen.detail)
     fallback = state.settings.generator.fallback
-    if "unavailable" in (lexical.state, vector.state) or (generator.state == "down" and not fallback):
+    indexes = (lexical.state, vector.state)
+    if indexes == ("unavailable", "unavailable") or (generator.state == "down" and not fallback):
         status = "unavailable"
+    elif "unavailable" in indexes or generator.state == "down":  # answers come from what is left
+        status = "degraded"
     else:
-        status = "degraded" if generator.state == "down" else "ready"
+        status = "ready"
     body = ReadyResponse(status=status, backends={"lexical": lexical, "vector": vector, "generator": generator})
     return JSONResponse(body.model_dump(mode="json"), status_code=503 if status == "unavailable" else 200)
 

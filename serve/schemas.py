@@ -264,7 +264,9 @@ class AskResponse(BaseModel):
     timings: dict[str, float] = Field(description="Milliseconds per stage: embed_ms, retrieve_ms, rerank_ms, "
                                       "pack_ms, ttft_ms, generate_ms, total_ms, ...")
     cache: Literal["hit", "semantic", "miss"] = "miss"
-    degraded: bool = Field(description="The generator was down and the answer is extractive.")
+    degraded: bool = Field(description="Part of the service was down (a retrieval index, the generator): "
+                           "the answer came from what was left; `warnings` says what.")
+    warnings: list[str] = Field(default_factory=list, description="What was missing from this answer, in words.")
     finish_reason: str | None = None
     usage: Usage
 

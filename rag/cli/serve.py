@@ -162,6 +162,7 @@ def _event_dict(event: Any) -> dict[str, Any]:
     elif event.kind in ("sources", "done"):
         out["citations"] = [_citation(c) for c in event.citations]
         out["degraded"] = event.degraded
+        out["warnings"] = list(event.warnings)
     if event.kind == "done":
         out.update(finish_reason=event.finish_reason, usage=event.usage, timings=event.timings,
                    cache=event.cache or "miss")
@@ -179,7 +180,7 @@ def _print_done(question: str, text: str, done: Any, as_json: bool, printed: boo
     if as_json:
         click.echo(json.dumps({"question": question, "answer": text, "citations": [_citation(c) for c in done.citations],
                                "timings": done.timings, "cache": done.cache or "miss", "degraded": done.degraded,
-                               "finish_reason": done.finish_reason, "usage": done.usage}, ensure_ascii=False))
+                               "warnings": list(done.warnings), "finish_reason": done.finish_reason, "usage": done.usage}, ensure_ascii=False))
         return
     if printed:
         click.echo()
@@ -189,5 +190,5 @@ def _print_done(question: str, text: str, done: Any, as_json: bool, printed: boo
         click.echo("\nSources:")
         for c in done.citations:
             click.echo(f"[{c.label}] {c.title or c.doc_id}  {c.url}")
-    if done.degraded:
-        click.echo("note: the generator is unavailable; this answer was extracted from the sources", err=True)
+    for warning in done.warnings:
+        click.echo(f"note: {warning}", err=True)

@@ -74,7 +74,7 @@ class ElasticsearchIndex:
     def __init__(self, url: str | list[str], index: str = "ragqa-chunks", *, api_key: str | None = None,
                  username: str | None = None, password: str | None = None, ca_certs: str | None = None,
                  verify_certs: bool = True, request_timeout: float = 30, max_retries: int = 3,
-                 refresh: bool | str = "wait_for") -> None:
+                 refresh: bool | str = "wait_for", query_timeout: float = 2.0) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ConfigError("Elasticsearch: at least one URL is needed")
@@ -87,6 +87,7 @@ class ElasticsearchIndex:
         self.alias = self.index = index
         self.refresh = refresh
         self.request_timeout = request_timeout
+        self.query_timeout = query_timeout  # searches: one try, bounded, so a hung node costs a query this much
         self._options: dict[str, Any] = {
             "api_key": api_key, "basic_auth": (username, password) if username else None,
             "ca_certs": ca_certs, "verify_certs": verify_certs, "request_timeout": request_timeout,
@@ -151,12 +152,12 @@ class ElasticsearchIndex:
                     "nothing was changed: choose another index name or delete that index")
 
     @contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
+    def _errors(self, doing: str, timeout: float | None = None) -> Iterator[None]:
         try:
             yield
         except ConnectionTimeout as exc:
             raise BackendTimeout(f"Elasticsearch at {self.where} did not answer within "
-                                 f"{self.request_timeout:g} s (while trying to {doing})") from exc
+                                 f"{timeout or self.request_timeout:g} s (while trying to {doing})") from exc
         except ConnectionError as exc:
             raise BackendUnavailable(f"cannot reach Elasticsearch at {self.where}: {_reason(exc)}") from exc
         except (AuthenticationException, AuthorizationException) as exc:
@@ -227,8 +228,8 @@ class ElasticsearchIndex:
         if body is None:
             return []
         es = self._reader()
-        with self._errors("search"):
-            resp = es.search(index=self.index, **body)
+        with self._errors("search", self.query_timeout):
+            resp = es.options(request_timeout=self.query_timeout, max_retries=0).search(index=self.index, **body)
         chunks = [(m.decode(h["_source"]), float(h["_score"])) for h in resp["hits"]["hits"]]
         return [Hit(chunk_id=c.id, score=score, doc_id=c.doc_id, chunk=c) for c, score in chunks]
 

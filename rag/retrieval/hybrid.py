@@ -18,6 +18,12 @@ small share only fills in where BM25 matches little (Chinese questions on Englis
 0.140 with no vector leg, 0.181 with it). ``Retrieval.fusion`` says which weights a query got
 and why; ``ragqa search --explain`` prints it.
 
+A leg whose backend fails (Elasticsearch down or hung past ``lexical.query_timeout_s``, the
+vector store or the embedder failing, a reranker API down) is left out and the hits come from
+the others, with the reason in ``Retrieval.degraded``; it is skipped for a few seconds, then
+tried again (:mod:`rag.retrieval.legs`). Only when every leg of the mode fails does the search
+raise.
+
 After ranking, an optional recency boost raises recently modified chunks, and near-duplicate
 chunks (the same text, or overlapping chunks of one document) are dropped.
 
@@ -36,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +56,7 @@ from rag.lang import LANG_NAMES, detect_lang, ranks
 from rag.rerank import EmbeddingReranker, make_reranker
 from rag.retrieval.adaptive import Leg, adaptive_weights
 from rag.retrieval.fusion import rrf
+from rag.retrieval.legs import LEG_ERRORS, LegBreaker, LegDown
 from rag.retrieval.postprocess import boost_recent, drop_near_duplicates
 from rag.types import Filters, Hit, Reranker
 
@@ -75,6 +83,8 @@ class Retrieval:
     timings: dict[str, float] = field(default_factory=dict)
     fusion: dict[str, Any] = field(default_factory=dict)
     """``lang`` (the query's), ``weights`` (bm25, vector) as used, and ``why`` in words."""
+    degraded: list[str] = field(default_factory=list)
+    """Why a leg is missing from these hits (its backend failed, :mod:`rag.retrieval.legs`)."""
 
 
 class _Clock:
@@ -129,6 +139,7 @@ class HybridRetriever:
         self.dedup_threshold = dedup_threshold
         self.now = now
         self.language_aware = language_aware
+        self.breakers = {leg: LegBreaker(leg) for leg in ("lexical", "vector", "rerank")}
 
     @classmethod
     def from_services(cls, services: Services, **overrides: Any) -> HybridRetriever:
@@ -163,44 +174,82 @@ class HybridRetriever:
         fusion = self._fusion(query)
         clock.lap("lang")
         use_vectors = fusion["weights"][1] > 0
+        down: list[LegDown] = []
         qvec: np.ndarray | None = query_vector
-        if qvec is None and (self.mode == "vector" or (use_vectors and self.mode == "rrf")
-                             or (self.mode == "hybrid" and use_vectors and self._embedding_rerank)):
-            qvec = self.services.embedder.embed_query(query)
-            clock.lap("embed")
-        if self.mode == "bm25":
-            hits = self._lexical(query, n, filters)
-            clock.lap("bm25")
-        elif self.mode == "vector":
-            hits = self._vector(qvec, n, filters)
-            clock.lap("vector")
-        elif self.mode == "hybrid":
-            hits = self._lexical(query, n, filters)
-            clock.lap("bm25")
-            if not hits:
+
+        def lexical() -> list[Hit] | None:
+            try:
+                return self.breakers["lexical"].call(lambda: self._lexical(query, n, filters))
+            except LegDown as exc:
+                down.append(exc)
+                return None
+            finally:
+                clock.lap("bm25")
+
+        def vector() -> list[Hit] | None:
+            def run() -> list[Hit]:
+                nonlocal qvec
                 if qvec is None:
                     qvec = self.services.embedder.embed_query(query)
                     clock.lap("embed")
-                hits = self._vector(qvec, n, filters)
+                return self._vector(qvec, n, filters)
+
+            try:
+                return self.breakers["vector"].call(run)
+            except LegDown as exc:
+                down.append(exc)
+                return None
+            finally:
                 clock.lap("vector")
+
+        def rerank(hits: list[Hit]) -> list[Hit]:
+            try:
+                return self.breakers["rerank"].call(lambda: self._rerank(query, self._hydrate(hits), qvec))
+            except LegDown as exc:
+                down.append(exc)
+                return hits
+            finally:
+                clock.lap("rerank")
+
+        if self.mode == "bm25":
+            hits = lexical()
+            if hits is None:
+                hits = vector()
+        elif self.mode == "vector":
+            hits = vector()
+            if hits is None:
+                hits = lexical()
+        elif self.mode == "hybrid":
+            if qvec is None and use_vectors and self._embedding_rerank:
+                with contextlib.suppress(*LEG_ERRORS):  # (a failing embedder is met again below)
+                    qvec = self.services.embedder.embed_query(query)
+                clock.lap("embed")
+            hits = lexical()
+            if hits is None:  # no lexical index: the nearest neighbours
+                hits = vector()
+            elif not hits:  # no keyword matches: the nearest neighbours
+                hits = vector() or []
             elif use_vectors or not self._embedding_rerank:
-                hits = self._rerank(query, self._hydrate(hits), qvec)
-                clock.lap("rerank")
+                hits = rerank(hits)
         else:
-            lexical = self._lexical(query, n, filters)
-            clock.lap("bm25")
-            vector: list[Hit] = []
-            if use_vectors:
-                vector = self._vector(qvec, n, filters)
-                clock.lap("vector")
-                if self.weights is None:
-                    fusion = self._adapt(query, lexical, vector, fusion)
+            lex = lexical()
+            vec: list[Hit] | None = vector() if use_vectors else []
+            if lex is None and vec is None:
+                hits = None
+            elif lex is None or vec is None:  # one leg: its own order
+                hits = self._fuse(lex or [], vec or [], (0.0, 1.0) if lex is None else (1.0, 0.0))
+                fusion = {**fusion, "weights": (0.0, 1.0) if lex is None else (1.0, 0.0),
+                          "why": f"{down[0].leg} unavailable: the other leg alone"}
+            else:
+                if self.weights is None and use_vectors:
+                    fusion = self._adapt(query, lex, vec, fusion)
                     clock.lap("weights")
-            hits = self._fuse(lexical, vector, fusion["weights"])
-            clock.lap("fuse")
-            if not self._embedding_rerank:  # a model reranker reorders the fused candidates
-                hits = self._rerank(query, self._hydrate(hits[:n]), qvec)
-                clock.lap("rerank")
+                hits = self._fuse(lex, vec, fusion["weights"])
+                clock.lap("fuse")
+            if hits is not None and not self._embedding_rerank:  # a model reranker reorders the fused candidates
+                hits = rerank(hits[:n])
+        if hits is None:  # every leg this mode has failed: nothing to answer from
+            raise down[0].cause
         hits = self._hydrate(hits)
         clock.lap("hydrate")
         if self.recency_half_life_days is not None:
@@ -208,7 +257,7 @@ class HybridRetriever:
         if self.dedup_threshold is not None:
             hits = drop_near_duplicates(hits, self.dedup_threshold, limit=k)
         clock.lap("tidy")
-        return Retrieval(hits[:k], clock.timings, fusion)
+        return Retrieval(hits[:k], clock.timings, fusion, [str(d) for d in down])
 
     def _fusion(self, query: str) -> dict[str, Any]:
         """The (bm25, vector) weights for ``query`` before retrieval, and why (adaptive weights
