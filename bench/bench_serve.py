@@ -225,6 +225,9 @@ def start_server(argv: list[str], env: dict[str, str], what: str) -> Iterator[Se
 def server_env(config_path: Path, data_dir: Path, keep_generator: bool) -> dict[str, str]:
     env = {**os.environ, "RAG_CONFIG": str(config_path), "RAG_DATA_DIR": str(data_dir),
            "RAG_SERVE__RATE_LIMIT_PER_MINUTE": "0", "RAG_SERVE__AUTH": "false", "PYTHONUNBUFFERED": "1"}
+    # Admission control off (set RAG_SERVE__MAX_IN_FLIGHT to measure it): the phases measure
+    # how the server copes with everything it is sent, 500 streams held at once included.
+    env.setdefault("RAG_SERVE__MAX_IN_FLIGHT", "1000000")
     if not keep_generator:
         env["RAG_GENERATOR__BACKEND"] = "extractive"
     return env

@@ -44,6 +44,7 @@ from rag.focus import focus_hits
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.packing import ContextPacker, PackedContext, context_budget
+from rag.admission import Admission
 from rag.attribution import Attributor
 from rag.lang import detect_lang
 from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt
@@ -92,7 +93,7 @@ class Answerer:
 
     def __init__(self, services: Services, generator: Generator | None = None,
                  retriever: HybridRetriever | None = None, injection: InjectionFilter | None = None,
-                 cache: AnswerCacheLayer | None = None) -> None:
+                 cache: AnswerCacheLayer | None = None, admission: Admission | None = None) -> None:
         self.services = services
         self.injection = injection or InjectionFilter(services.settings.injection)
         self.generator = generator or services.generator
@@ -106,6 +107,7 @@ class Answerer:
         self._started = False
         self._start_lock = asyncio.Lock()
         self.cache = cache if cache is not None else make_answer_cache(services, salt=self.generator.name)
+        self.admission = admission  # bounds the answers generated at once (the server sets it)
 
     async def start(self) -> None:
         """Load the model or check the server; raises its one-line error."""
@@ -220,7 +222,18 @@ class Answerer:
         except Exception as exc:  # noqa: BLE001 - the answer stands; only its caching failed
             log.warning("answer cache store failed: %s", exc)
 
-    async def _answer(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
+    async def _answer(self, question: str, **kwargs: Any) -> AsyncIterator[AnswerEvent]:
+        """:meth:`_generate` in an answer slot when admission control is on (a cache hit never
+        gets here); a full queue raises :class:`~rag.errors.Overloaded` before any event."""
+        if self.admission is None or kwargs["verdict"].blocked:
+            async for event in self._generate(question, **kwargs):
+                yield event
+            return
+        async with self.admission.slot():
+            async for event in self._generate(question, **kwargs):
+                yield event
+
+    async def _generate(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
                       filters: Filters | None = None, top_k: int | None = None,
                       overrides: Mapping[str, Any] | None = None,
                       query_vector: Any = None) -> AsyncIterator[AnswerEvent]:

@@ -5,6 +5,7 @@
     ├── FilterError            an invalid metadata filter (unknown field, bad date, from > to)
     ├── RequestError           a request outside the server's limits (temperature, max_tokens, ...)
     ├── DataDirLocked          another ragqa process holds the data directory
+    ├── Overloaded             every answer slot is taken and the queue is full: try again later
     ├── IngestError            a source cannot be crawled at all
     │   └── FetchError         one URL or file could not be fetched (kept per page, not fatal)
     ├── EmbedderError          the embedding model cannot be loaded or run
@@ -27,6 +28,7 @@ __all__ = [
     "FilterError",
     "RequestError",
     "DataDirLocked",
+    "Overloaded",
     "IngestError",
     "FetchError",
     "EmbedderError",
@@ -103,6 +105,15 @@ class BackendUnavailable(BackendError):
 
 class BackendTimeout(BackendError):
     """The backend did not answer within the configured timeout."""
+
+
+class Overloaded(RagError):
+    """Every answer slot is taken and the queue is full (:mod:`rag.admission`); ``retry_after_s``
+    is when to try again."""
+
+    def __init__(self, message: str, retry_after_s: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SchemaMismatch(BackendError):

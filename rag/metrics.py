@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 __all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
-           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN"]
+           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN", "ANSWERS_IN_FLIGHT", "ANSWERS_QUEUED", "ANSWERS_REJECTED"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -130,6 +130,16 @@ RETRIEVAL_LEG_DOWN = Counter(
     "Queries answered without one retrieval leg (lexical, vector, rerank) because its backend failed or "
     "was skipped after failing; the answers were flagged degraded.",
     ["leg"],
+    registry=REGISTRY,
+)
+
+# Admission control (rag/admission.py)
+ANSWERS_IN_FLIGHT = Gauge("answers_in_flight", "Answers being retrieved and generated now (this process).",
+                          registry=REGISTRY)
+ANSWERS_QUEUED = Gauge("answers_queued", "Questions waiting for an answer slot (this process).", registry=REGISTRY)
+ANSWERS_REJECTED = Counter(
+    "answers_rejected",
+    "Questions refused with 503 because every answer slot was taken and the queue was full.",
     registry=REGISTRY,
 )
 

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +31,7 @@ from rag.errors import (
     FilterError,
     GeneratorError,
     IngestError,
+    Overloaded,
     RagError,
     RequestError,
     RerankerError,
@@ -89,6 +91,7 @@ STATUS: dict[type[RagError], tuple[int, str, str]] = {
     RequestError: (422, "invalid_request_error", "invalid_value"),
     FilterError: (422, "invalid_request_error", "invalid_filter"),
     DataDirLocked: (409, "conflict_error", "data_dir_locked"),
+    Overloaded: (503, "service_unavailable_error", "overloaded"),
     BackendTimeout: (504, "timeout_error", "backend_timeout"),
     BackendUnavailable: (503, "service_unavailable_error", "backend_unavailable"),
     BackendError: (503, "service_unavailable_error", "backend_error"),
@@ -133,6 +136,9 @@ def rag_error_response(exc: RagError) -> JSONResponse:
         log.error("request failed: %s", exc)
     if isinstance(exc, Refused):
         return JSONResponse(error_body(str(exc), type_, param, exc.code), status_code=status, headers=exc.headers)
+    if isinstance(exc, Overloaded):
+        return JSONResponse(error_body(str(exc), type_, param, code), status_code=status,
+                            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
     return JSONResponse(error_body(str(exc), type_, param, code), status_code=status)
 
 
