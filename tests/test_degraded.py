@@ -86,3 +86,38 @@ def test_an_elasticsearch_outage_degrades_answers_and_heals_by_itself(app_url, p
         proxy.set("pass")
     wait_for(lambda: not ask(app_url)["degraded"], 30)  # tried again after a few seconds: back
     assert httpx.get(f"{app_url}/ready", timeout=30).json()["status"] == "ready"
+
+
+def test_a_reindex_during_an_outage_writes_nothing_half_way_and_the_next_run_converges(tmp_path, proxy):
+    from ingest.pipeline import reindex
+    from ingest.verify import verify
+    from rag.errors import BackendError
+    from tests.conftest import make_settings
+
+    index = f"ragqa-test-outage-{uuid.uuid4().hex[:8]}"
+    lexical = LexicalSettings(backend="elasticsearch", url=proxy.url, index=index, query_timeout_s=1.0,
+                              request_timeout_s=5.0, max_retries=0)
+    services = index_notes(Services(make_settings(tmp_path / "data", lexical=lexical.model_dump())), tmp_path,
+                           {"notes": (range(6), datetime(2024, 5, 1, tzinfo=UTC))})
+    try:
+        notes = sorted((tmp_path / "notes").iterdir())
+        before = {d.url: d.text_hash for d in services.state.documents("notes").values()}
+        for path in notes[:2]:
+            path.write_text(path.read_text(encoding="utf-8") + "\nA late addition about lighthouses.\n",
+                            encoding="utf-8")
+        proxy.set("refuse")
+        try:
+            with services.write_lock(), pytest.raises(BackendError):
+                reindex(services, "notes", "incremental")
+        finally:
+            proxy.set("pass")
+        assert services.state.runs("notes", limit=1)[0]["status"] == "error"
+        assert {d.url: d.text_hash for d in services.state.documents("notes").values()} == before  # untouched
+        with services.write_lock():
+            report = reindex(services, "notes", "incremental")
+        assert report.changed == 2 and report.failed == 0
+        result = verify(services, "notes")
+        assert result.drift == 0, result.as_dict()
+    finally:
+        services.close()
+        httpx.delete(f"{ES_URL}/{index}*", params={"expand_wildcards": "all"})
