@@ -75,7 +75,7 @@ async def cache_purge(body: PurgeRequest, state: State, caller: AdminCaller) -> 
             raise NotFound("source", str(exc)) from None
     layer = state.answerer.cache
     if layer is None:
-        raise RequestError("the answer cache is off (cache.backend: off)")
+        raise RequestError("cache", "the answer cache is off (cache.backend: off)")
 
     def run() -> PurgeResult:
         seq = db.log_purge(body.source)
