@@ -41,7 +41,10 @@ def parse_datetime(value: object, field: str = "date") -> datetime:
     elif isinstance(value, date):
         dt = datetime(value.year, value.month, value.day)
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        dt = datetime.fromtimestamp(value, UTC)
+        try:
+            dt = datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):  # past year 9999, or NaN
+            raise FilterError(f"{field}: epoch seconds out of range: {value!r}") from None
     elif isinstance(value, str) and value.strip():
         text = value.strip().replace("Z", "+00:00")
         try:
@@ -50,7 +53,10 @@ def parse_datetime(value: object, field: str = "date") -> datetime:
             raise FilterError(f"{field}: not an ISO 8601 date or datetime: {value!r}") from None
     else:
         raise FilterError(f"{field}: expected a date, got {value!r}")
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    try:
+        return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    except OverflowError:  # an offset that pushes it past year 1 or 9999
+        raise FilterError(f"{field}: out of range in UTC: {value!r}") from None
 
 
 def _strings(value: object, field: str) -> tuple[str, ...]:
