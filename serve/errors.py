@@ -169,6 +169,19 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(error_body(message, "invalid_request_error", param or None, code), status_code=422)
 
 
+def _unparsable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:
+    """FastAPI's 400 for a JSON body it could not decode says only "There was an error
+    parsing the body"; name the cause it chains (bad UTF-8, nesting too deep for the parser)."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not valid UTF-8: {cause.reason} at byte {cause.start}", "invalid_encoding"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to parse", "json_too_deep"
+    return f"the body could not be parsed: {type(cause).__name__}", "invalid_body"
+
+
 def install_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every failure into OpenAI's error shape."""
 
@@ -183,7 +196,8 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), type_, None, None), status_code=exc.status_code,
+        message, code = _unparsable_body(exc) or (str(exc.detail), None)
+        return JSONResponse(error_body(message, type_, None, code), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

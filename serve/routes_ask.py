@@ -34,7 +34,7 @@ from serve.deps import QueryCaller, State
 from serve.errors import error_body
 from serve.limits import check_question
 from serve.schemas import (
-    ERRORS,
+    RESUME_ERRORS,
     AskRequest,
     AskResponse,
     CitationOut,
@@ -98,8 +98,8 @@ class AskRenderer:
 
 
 @router.post("/v1/ask", response_model=AskResponse,
-             responses={**ERRORS, 200: {"description": "The answer, or with `stream: true` an SSE stream.",
-                                        "content": _SSE}},
+             responses={**RESUME_ERRORS,
+                        200: {"description": "The answer, or with `stream: true` an SSE stream.", "content": _SSE}},
              summary="Answer a question from the indexed documents, with citations and timings")
 async def ask(body: AskRequest, request: Request, state: State, caller: QueryCaller,
               last_event_id: _LastEventId = None) -> Any:

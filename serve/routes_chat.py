@@ -49,6 +49,7 @@ from serve.errors import error_body
 from serve.limits import check_messages, check_question
 from serve.schemas import (
     ERRORS,
+    RESUME_ERRORS,
     AssistantMessage,
     ChatCompletion,
     ChatCompletionRequest,
@@ -133,7 +134,7 @@ class ChunkRenderer:
         return [Out(json.dumps(error_body(message, type_, None, code), ensure_ascii=False)), Out("[DONE]")]
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: _STREAM_DOC},
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**RESUME_ERRORS, 200: _STREAM_DOC},
              summary="Answer the last user message from the indexed documents (OpenAI-compatible)")
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, response: Response, state: State, caller: QueryCaller,

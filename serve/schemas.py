@@ -55,6 +55,7 @@ def _error(description: str) -> dict[str, Any]:
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The body could not be decoded (not UTF-8, or JSON nested too deeply)."),
     401: _error("No API key, or an unknown one (`Authorization: Bearer <key>` or `X-API-Key`)."),
     403: _error("The key lacks this route's scope, or its filters name another tenant."),
     413: _error("The body is larger than `serve.max_body_bytes`."),
@@ -64,6 +65,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: _error("A backend (index, embedder, model) is unavailable."),
     504: _error("A backend did not answer in time."),
 }
+# the answer routes resume a stream named by Last-Event-ID
+RESUME_ERRORS = {**ERRORS, 404: _error("`Last-Event-ID` names an unknown or expired stream.")}
 
 
 # -- the rag extension ---------------------------------------------------------------------
