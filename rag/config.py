@@ -430,11 +430,22 @@ class ServeSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body; more is a 413.")
-    max_in_flight: int | None = Field(default=8, ge=1, description=(
-        "Answers retrieved and generated at once per worker (cache hits do not count); null: no bound."))
-    max_queued: int = Field(default=64, ge=0, description=(
-        "Questions that wait for an answer slot per worker; past it a 503 with Retry-After, at once."))
+    max_in_flight: int | Literal["auto"] | None = Field(default="auto", description=(
+        "Answers retrieved and generated at once per worker (cache hits do not count). auto: the CPU cores "
+        "with a generator in this process (llamacpp, extractive), 32 with a generator server (vllm, openai); "
+        "null: no bound."))
+    max_queued: int | Literal["auto"] = Field(default="auto", description=(
+        "Questions that wait for an answer slot per worker; past it a 503 with Retry-After, at once. "
+        "auto: as many as max_in_flight (a deeper queue only makes the accepted answers wait: "
+        "bench/RESULTS-overload.md)."))
     retry_after_s: float = Field(default=2.0, gt=0, description="The Retry-After of an overload 503.")
+
+    @field_validator("max_in_flight", "max_queued")
+    @classmethod
+    def _bounds(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be >= 0 (or auto)")
+        return value
     max_question_chars: int = Field(default=4000, ge=1, description="Longest question (the last user message).")
     max_messages: int = Field(default=50, ge=1, description="Most messages in one chat request.")
     stream_retention_s: float = Field(

@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from rag.admission import Admission
+from rag.admission import admission_for
 from rag.answer import Answerer
 from rag.config import Settings
 from rag.errors import RagError
@@ -60,8 +60,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     serve = settings.serve
     check_exposure(serve)  # before anything is loaded: no auth on a public address unless forced
     answerer = answerer or Answerer(services)
-    if answerer.admission is None and serve.max_in_flight is not None:
-        answerer.admission = Admission(serve.max_in_flight, serve.max_queued, serve.retry_after_s)
+    if answerer.admission is None:
+        answerer.admission = admission_for(settings)
     state = AppState(settings=settings, services=services, answerer=answerer,
                      streams=StreamManager(make_stream_store(serve), serve.disconnect_grace_s),
                      conversations=Conversations(), gate=Gate(serve))
