@@ -10,8 +10,10 @@ minute boundary.
 The counts live in ``serve.rate_limit_storage`` (default: ``serve.redis_url`` when set, else
 memory): ``memory://`` keeps them in this process (so with several workers each counts on
 its own), ``redis://host:6379/0`` (or ``rediss://``) shares them between workers and hosts
-(the ``redis`` extra). A storage that cannot be reached answers 503 rather than letting
-every request through.
+(the ``redis`` extra). When that Redis cannot be reached (0.5 s timeouts), each process
+falls back to counting in its own memory, with the same limits, until Redis answers again
+(tried again every second): requests are still limited, per worker rather than shared, and
+``rate_limit_fallbacks_total`` counts the requests counted that way.
 
 Example::
 
@@ -21,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -28,13 +31,19 @@ from limits import RateLimitItemPerMinute
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.errors import ConfigurationError, StorageError
 from limits.storage import storage_from_string
+from prometheus_client import Counter
 
 from rag.errors import BackendUnavailable, ConfigError
+from rag.metrics import REGISTRY
 from serve.errors import RateLimited
 
 __all__ = ["RateLimiter"]
 
 _NAMESPACE = "ragqa"
+log = logging.getLogger("ragqa.serve")
+RATE_LIMIT_FALLBACKS = Counter(
+    "rate_limit_fallbacks", "Requests counted in this process's memory because the shared rate limit "
+    "storage (Redis) was unreachable.", registry=REGISTRY)
 
 
 class RateLimiter:
@@ -53,7 +62,8 @@ class RateLimiter:
                 raise ConfigError(f"serve.rate_limit_storage {self.where}: needs the redis extra "
                                   "(pip install 'ragqa[redis]')") from exc
             # our own pool, so that shutdown can close its connections (limits has no close)
-            self._pool = redis.asyncio.ConnectionPool.from_url(storage_uri)
+            self._pool = redis.asyncio.ConnectionPool.from_url(storage_uri, socket_timeout=0.5,
+                                                               socket_connect_timeout=0.5)
             uri, options = f"async+{storage_uri}", {"implementation": "redispy", "connection_pool": self._pool}
         else:
             raise ConfigError(f"serve.rate_limit_storage: {self.where!r} is neither memory:// nor "
@@ -63,6 +73,9 @@ class RateLimiter:
         except ConfigurationError as exc:
             raise ConfigError(f"serve.rate_limit_storage {self.where}: {exc}") from exc
         self._limiter = MovingWindowRateLimiter(storage)
+        self._local = self._limiter if self._pool is None else MovingWindowRateLimiter(
+            storage_from_string("async+memory://"))
+        self._retry_at = 0.0  # while Redis is down: when to try it again
 
     async def aclose(self) -> None:
         if self._pool is not None:
@@ -73,12 +86,26 @@ class RateLimiter:
         if per_minute <= 0:
             return
         item = RateLimitItemPerMinute(per_minute)
+        limiter = self._limiter if time.monotonic() >= self._retry_at else self._local
         try:
-            if await self._limiter.hit(item, _NAMESPACE, identity):
-                return
-            stats = await self._limiter.get_window_stats(item, _NAMESPACE, identity)
+            allowed = await limiter.hit(item, _NAMESPACE, identity)
+            stats = None if allowed else await limiter.get_window_stats(item, _NAMESPACE, identity)
+            if limiter is self._limiter and self._retry_at:
+                log.warning("rate limit storage %s is back", self.where)
+                self._retry_at = 0.0
         except StorageError as exc:
-            raise BackendUnavailable(f"rate limit storage {self.where} unavailable: {exc}") from exc
+            if limiter is self._local:
+                raise BackendUnavailable(f"rate limit storage {self.where} unavailable: {exc}") from exc
+            if not self._retry_at:
+                log.warning("rate limit storage %s unavailable, counting in this process: %s", self.where, exc)
+            self._retry_at = time.monotonic() + 1.0
+            limiter = self._local
+            allowed = await limiter.hit(item, _NAMESPACE, identity)
+            stats = None if allowed else await limiter.get_window_stats(item, _NAMESPACE, identity)
+        if limiter is self._local and self._pool is not None:
+            RATE_LIMIT_FALLBACKS.inc()
+        if stats is None:
+            return
         retry_after = max(1, math.ceil(stats.reset_time - time.time()))
         raise RateLimited(
             f"rate limit reached: at most {per_minute} requests per minute; retry in {retry_after} s",

@@ -63,12 +63,13 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, LocalServer]]:
         yield root, server
 
 
-def instance(data_dir: Path, server: LocalServer, gen: Counting, **cache: object) -> tuple[Services, object]:
-    """A server's services (the site indexed) and app, with these cache settings."""
+def instance(data_dir: Path, server: LocalServer, gen: Counting, serve: dict | None = None,
+             **cache: object) -> tuple[Services, object]:
+    """A server's services (the site indexed) and app, with these cache (and serve) settings."""
     settings = make_settings(data_dir, embedder={"backend": "sentence-transformers", "progress": False, "threads": 1},
                              generator={"backend": "extractive"}, retrieval={"mode": "hybrid", "top_k": 2},
                              cache=CacheSettings(**cache).model_dump(),
-                             serve={"auth": False, "rate_limit_per_minute": 0})
+                             serve={"auth": False, "rate_limit_per_minute": 0, **(serve or {})})
     services = Services(settings)
     services.state.add_source(SourceConfig(name="site", kind="sitemap", location=server.url("/sitemap.xml")))
     with services.write_lock():
@@ -190,11 +191,15 @@ def _errors() -> float:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_a_redis_that_stops_is_skipped_and_reconnected_by_itself(tmp_path, site, http):
+    """The answer cache and the rate limiter share the Redis that stops: answers go on uncached
+    and still limited (in process), and both use Redis again once it is back."""
     _, server = site
     port = _free_port()
     proc = _redis(port)
     gen = Counting()
-    services, app = instance(tmp_path / "data", server, gen, backend="redis", redis_url=f"redis://127.0.0.1:{port}/0")
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    services, app = instance(tmp_path / "data", server, gen, backend="redis", redis_url=redis_url,
+                             serve={"rate_limit_per_minute": 1000, "rate_limit_storage": redis_url})
     try:
         with live(app) as url:
             assert ask(http, url)["cache"] == "miss"
@@ -206,8 +211,13 @@ def test_a_redis_that_stops_is_skipped_and_reconnected_by_itself(tmp_path, site,
                 down = ask(http, url)
                 assert "green" in down["answer"] and down["cache"] == "miss"
             assert _errors() >= errors + 3 and gen.calls == 4
+            assert REGISTRY.get_sample_value("rate_limit_fallbacks_total") >= 3  # limited in process meanwhile
             proc = _redis(port)  # back, empty
             wait_for(lambda: ask(http, url)["cache"] == "hit", 20)  # reconnected: stored again, then hit
+            import redis
+
+            with redis.Redis(port=port) as client:  # the rate limiter counts in Redis again
+                assert any(not k.startswith(b"ragqa:cache") for k in client.scan_iter("*"))
     finally:
         services.close()
         proc.terminate()
