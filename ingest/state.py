@@ -266,9 +266,8 @@ class StateDB:
             return self._watch.execute("PRAGMA data_version").fetchone()[0]
 
     def changes_since(self, seq: int) -> list[IndexChange]:
-        rows = self._rows("SELECT * FROM changes WHERE seq > ? ORDER BY seq", (seq,))
-        return [IndexChange(r["seq"], r["source"], r["kind"], tuple(json.loads(r["removed"])), r["added"])
-                for r in rows]
+        rows = self._watched("SELECT seq, source, kind, removed, added FROM changes WHERE seq > ? ORDER BY seq", (seq,))
+        return [IndexChange(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4]) for r in rows]
 
     def change_summary(self, since_s: float = 86_400) -> dict[str, Any]:
         """The change log at a glance: its last sequence number, and what the last ``since_s``
@@ -281,7 +280,14 @@ class StateDB:
                 "chunks_removed": row["removed"], "chunks_added": row["added"], "purges": row["purges"]}
 
     def last_change(self) -> int:
-        return int(self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM changes")[0]["seq"])
+        return int(self._watched("SELECT COALESCE(MAX(seq), 0) FROM changes")[0][0])
+
+    def _watched(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A read on the watching connection: the answer cache reads the log on the event loop,
+        and a reindex holding the main connection for a write must not make it wait (WAL readers
+        never wait for a writer)."""
+        with self._watch_lock:
+            return self._watch.execute(sql, args).fetchall()
 
     # -- chunks -------------------------------------------------------------------------
     def chunk_hashes(self, doc_id: str) -> dict[str, str]:
