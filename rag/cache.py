@@ -318,12 +318,8 @@ class AnswerCacheLayer:
         self.sync()
         answer = CachedAnswer(answer.text, answer.sources, answer.citations, answer.finish_reason, answer.usage,
                               lookup.question, time.time(), lookup.asked)
-        value = {**answer.to_dict(), "gen": lookup.generation, "key": lookup.key}
-        return self.backend.put(lookup.key, value, self.ttl_s,
-                                scope=lookup.scope if lookup.vector is not None else None, vector=lookup.vector,
-                                deps=[c.chunk_id for c in answer.sources],
-                                sources=sorted({c.source for c in answer.sources if c.source}),
-                                generation=lookup.generation)
+        return self._put(lookup.key, answer, lookup.generation,
+                         scope=lookup.scope if lookup.vector is not None else None, vector=lookup.vector)
 
     def recheck(self, lookup: Lookup, context: Sequence[Citation]) -> bool:
         """After a recheck retrieved ``context`` again: keep the cached answer (restamped with the
@@ -333,12 +329,18 @@ class AnswerCacheLayer:
         self.backend.count("kept" if same else "stale")
         CACHE_RECHECKS.labels("kept" if same else "stale").inc()
         if same and lookup.entry:
-            answer = lookup.answer
-            value = {**answer.to_dict(), "gen": lookup.generation, "key": lookup.entry}
-            self.backend.put(lookup.entry, value, self.ttl_s, deps=[c.chunk_id for c in answer.sources],
-                             sources=sorted({c.source for c in answer.sources if c.source}),
-                             generation=lookup.generation)
+            self._put(lookup.entry, lookup.answer, lookup.generation)
         return same
+
+    def _put(self, key: str, answer: CachedAnswer, generation: int, *, scope: str | None = None,
+             vector: np.ndarray | None = None) -> bool:
+        """``answer`` under ``key``, stamped with ``generation``, depending on its packed chunks
+        and their sources."""
+        value = {**answer.to_dict(), "gen": generation, "key": key}
+        return self.backend.put(key, value, self.ttl_s, scope=scope, vector=vector,
+                                deps=[c.chunk_id for c in answer.sources],
+                                sources=sorted({c.source for c in answer.sources if c.source}),
+                                generation=generation)
 
     def stats(self) -> dict[str, Any]:
         self.sync()

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 
 def _dep_keys(deps: Sequence[str], sources: Sequence[str]) -> list[str]:
     return [f"c:{d}" for d in deps] + [f"s:{s}" for s in sources]
+
+
+def _tallies(counts: Mapping[str, int]) -> dict[str, Any]:
+    """The counts part of :meth:`stats`, the same for every store."""
+    return {"lookups": {k: counts.get(k, 0) for k in ("hit", "semantic", "miss")},
+            "rechecks": {k: counts.get(k, 0) for k in ("kept", "stale")}, "dropped": counts.get("dropped", 0)}
 
 
 def _stale_deps(change: IndexChange) -> list[str]:
@@ -167,9 +173,7 @@ class MemoryAnswerCache:
             size = sum(len(json.dumps(e.value, ensure_ascii=False)) + (e.vector.nbytes if e.vector is not None else 0)
                        for e in self._entries.values())
             return {"backend": "memory", "entries": len(self._entries), "bytes": size, "generation": self._now,
-                    "lookups": {k: self._counts[k] for k in ("hit", "semantic", "miss")},
-                    "rechecks": {k: self._counts[k] for k in ("kept", "stale")},
-                    "dropped": self._counts["dropped"]}
+                    **_tallies(self._counts)}
 
     def clear(self) -> None:
         with self._lock:
@@ -337,7 +341,6 @@ class RedisAnswerCache:
                         pipe.smembers(dep)
                     members = pipe.execute() if deps else []
                 keys = {k.decode() for group in members for k in group}
-                dropped = 0
                 with self._redis.pipeline(transaction=False) as pipe:
                     if keys:
                         pipe.exists(*[self._k("e", k) for k in keys])
@@ -387,8 +390,7 @@ class RedisAnswerCache:
                 size += int(self._redis.memory_usage(key) or 0)
             now = int(self._redis.get(self._k("gen")) or 0)
         return {"backend": "redis", "url": self.url, "prefix": self.prefix, "entries": entries, "bytes": size,
-                "generation": now, "lookups": {k: counts.get(k, 0) for k in ("hit", "semantic", "miss")},
-                "rechecks": {k: counts.get(k, 0) for k in ("kept", "stale")}, "dropped": counts.get("dropped", 0)}
+                "generation": now, **_tallies(counts)}
 
     def clear(self) -> None:
         with self._guard("apply"):
