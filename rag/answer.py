@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -225,18 +226,15 @@ class Answerer:
     async def _answer(self, question: str, **kwargs: Any) -> AsyncIterator[AnswerEvent]:
         """:meth:`_generate` in an answer slot when admission control is on (a cache hit never
         gets here); a full queue raises :class:`~rag.errors.Overloaded` before any event."""
-        if self.admission is None or kwargs["verdict"].blocked:
-            async for event in self._generate(question, **kwargs):
-                yield event
-            return
-        async with self.admission.slot():
+        unbounded = self.admission is None or kwargs["verdict"].blocked
+        async with contextlib.nullcontext() if unbounded else self.admission.slot():  # type: ignore[union-attr]
             async for event in self._generate(question, **kwargs):
                 yield event
 
     async def _generate(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
-                      filters: Filters | None = None, top_k: int | None = None,
-                      overrides: Mapping[str, Any] | None = None,
-                      query_vector: Any = None) -> AsyncIterator[AnswerEvent]:
+                        filters: Filters | None = None, top_k: int | None = None,
+                        overrides: Mapping[str, Any] | None = None,
+                        query_vector: Any = None) -> AsyncIterator[AnswerEvent]:
         started = time.perf_counter()
         if verdict.blocked:  # refused before retrieval: nothing of it reaches the model
             yield AnswerEvent("sources")

@@ -31,6 +31,7 @@ from limits import RateLimitItemPerMinute
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.errors import ConfigurationError, StorageError
 from limits.storage import storage_from_string
+from limits.util import WindowStats
 from prometheus_client import Counter
 
 from rag.errors import BackendUnavailable, ConfigError
@@ -88,8 +89,7 @@ class RateLimiter:
         item = RateLimitItemPerMinute(per_minute)
         limiter = self._limiter if time.monotonic() >= self._retry_at else self._local
         try:
-            allowed = await limiter.hit(item, _NAMESPACE, identity)
-            stats = None if allowed else await limiter.get_window_stats(item, _NAMESPACE, identity)
+            stats = await _over(limiter, item, identity)
             if limiter is self._limiter and self._retry_at:
                 log.warning("rate limit storage %s is back", self.where)
                 self._retry_at = 0.0
@@ -100,8 +100,7 @@ class RateLimiter:
                 log.warning("rate limit storage %s unavailable, counting in this process: %s", self.where, exc)
             self._retry_at = time.monotonic() + 1.0
             limiter = self._local
-            allowed = await limiter.hit(item, _NAMESPACE, identity)
-            stats = None if allowed else await limiter.get_window_stats(item, _NAMESPACE, identity)
+            stats = await _over(limiter, item, identity)
         if limiter is self._local and self._pool is not None:
             RATE_LIMIT_FALLBACKS.inc()
         if stats is None:
@@ -112,3 +111,10 @@ class RateLimiter:
             "rate_limit_exceeded",
             headers={"Retry-After": str(retry_after), "x-ratelimit-limit-requests": str(per_minute),
                      "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": f"{retry_after}s"})
+
+
+async def _over(limiter: MovingWindowRateLimiter, item: RateLimitItemPerMinute, identity: str) -> WindowStats | None:
+    """Count one hit; the window's stats when it is over the limit, else ``None``."""
+    if await limiter.hit(item, _NAMESPACE, identity):
+        return None
+    return await limiter.get_window_stats(item, _NAMESPACE, identity)

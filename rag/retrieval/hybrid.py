@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -177,39 +177,31 @@ class HybridRetriever:
         down: list[LegDown] = []
         qvec: np.ndarray | None = query_vector
 
-        def lexical() -> list[Hit] | None:
+        def leg(name: str, step: str, run: Callable[[], list[Hit]], otherwise: list[Hit] | None = None) -> list[Hit] | None:
+            """``run`` through the leg's breaker; ``otherwise`` (and the reason noted) when it is down."""
             try:
-                return self.breakers["lexical"].call(lambda: self._lexical(query, n, filters))
+                return self.breakers[name].call(run)
             except LegDown as exc:
                 down.append(exc)
-                return None
+                return otherwise
             finally:
-                clock.lap("bm25")
+                clock.lap(step)
+
+        def nearest() -> list[Hit]:
+            nonlocal qvec
+            if qvec is None:
+                qvec = self.services.embedder.embed_query(query)
+                clock.lap("embed")
+            return self._vector(qvec, n, filters)
+
+        def lexical() -> list[Hit] | None:
+            return leg("lexical", "bm25", lambda: self._lexical(query, n, filters))
 
         def vector() -> list[Hit] | None:
-            def run() -> list[Hit]:
-                nonlocal qvec
-                if qvec is None:
-                    qvec = self.services.embedder.embed_query(query)
-                    clock.lap("embed")
-                return self._vector(qvec, n, filters)
+            return leg("vector", "vector", nearest)
 
-            try:
-                return self.breakers["vector"].call(run)
-            except LegDown as exc:
-                down.append(exc)
-                return None
-            finally:
-                clock.lap("vector")
-
-        def rerank(hits: list[Hit]) -> list[Hit]:
-            try:
-                return self.breakers["rerank"].call(lambda: self._rerank(query, self._hydrate(hits), qvec))
-            except LegDown as exc:
-                down.append(exc)
-                return hits
-            finally:
-                clock.lap("rerank")
+        def rerank(hits: list[Hit]) -> list[Hit] | None:  # (the hits as they are when the reranker is down)
+            return leg("rerank", "rerank", lambda: self._rerank(query, self._hydrate(hits), qvec), hits)
 
         if self.mode == "bm25":
             hits = lexical()
@@ -237,9 +229,9 @@ class HybridRetriever:
             if lex is None and vec is None:
                 hits = None
             elif lex is None or vec is None:  # one leg: its own order
-                hits = self._fuse(lex or [], vec or [], (0.0, 1.0) if lex is None else (1.0, 0.0))
-                fusion = {**fusion, "weights": (0.0, 1.0) if lex is None else (1.0, 0.0),
-                          "why": f"{down[0].leg} unavailable: the other leg alone"}
+                alone = (0.0, 1.0) if lex is None else (1.0, 0.0)
+                hits = self._fuse(lex or [], vec or [], alone)
+                fusion = {**fusion, "weights": alone, "why": f"{down[0].leg} unavailable: the other leg alone"}
             else:
                 if self.weights is None and use_vectors:
                     fusion = self._adapt(query, lex, vec, fusion)
