@@ -166,14 +166,14 @@ def _check_embedder(services: Services) -> None:
         )
 
 
-def delete_documents(services: Services, doc_ids: Sequence[str]) -> None:
-    """Remove documents from every index, then from the state."""
+def delete_documents(services: Services, doc_ids: Sequence[str]) -> int:
+    """Remove documents from every index, then from the state; returns how many chunks went."""
     if not doc_ids:
-        return
+        return 0
     services.lexical.delete_documents(doc_ids)
     for index in services.vector_indexes():
         index.delete_documents(doc_ids)
-    services.state.delete_documents(doc_ids)
+    return services.state.delete_documents(doc_ids)
 
 
 def reindex(services: Services, source: str, mode: Mode = "incremental", *,
@@ -267,11 +267,10 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
             report.errors.append(
                 f"refused to delete {len(to_delete)} of {len(known)} documents (more than "
                 f"{services.settings.crawl.max_delete_fraction:.0%}); if the source really lost them, run "
-                "`ragqa reindex --source {0} --allow-mass-delete`".replace("{0}", source))
+                f"`ragqa reindex --source {source} --allow-mass-delete`")
             DELETIONS_REFUSED.labels(source).inc(len(to_delete))
             to_delete = set()
-        report.chunks_deleted = sum(len(state.chunk_hashes(d)) for d in to_delete)
-        delete_documents(services, sorted(to_delete))
+        report.chunks_deleted = delete_documents(services, sorted(to_delete))
         report.deleted = len(to_delete)
     except BaseException as exc:
         report.seconds = round(time.monotonic() - started, 3)

@@ -226,19 +226,24 @@ class StateDB:
             )]
         )
 
-    def delete_documents(self, doc_ids: Iterable[str]) -> None:
-        """Delete documents and their chunks, logging the chunks that left, in one transaction."""
+    def delete_documents(self, doc_ids: Iterable[str]) -> int:
+        """Delete documents and their chunks, logging the chunks that left, in one transaction;
+        returns how many chunks went."""
         ids = list(doc_ids)
         if not ids:
-            return
+            return 0
+        removed = 0
         with self._lock:
             statements: list[tuple[str, Sequence[Any]]] = []
             for doc_id in ids:
                 row = self._rows("SELECT source FROM documents WHERE id = ?", (doc_id,))
-                statements += self._change(row[0]["source"] if row else "", "chunks", set(self.chunk_hashes(doc_id)), 0)
+                chunks = set(self.chunk_hashes(doc_id))
+                removed += len(chunks)
+                statements += self._change(row[0]["source"] if row else "", "chunks", chunks, 0)
                 statements.append(("DELETE FROM chunks WHERE doc_id = ?", (doc_id,)))
                 statements.append(("DELETE FROM documents WHERE id = ?", (doc_id,)))
             self._write(statements)
+        return removed
 
     # -- the change log -----------------------------------------------------------------
     def _new_log_id(self) -> str:
