@@ -8,19 +8,32 @@
 #   scripts/elasticsearch.sh url      # e.g. RAG_TEST_ES_URL=$(scripts/elasticsearch.sh url)
 #
 # Environment: RAGQA_ES_VERSION (9.3.2), RAGQA_ES_PORT (9200), RAGQA_ES_DATA (data, logs and
-# pid file; ~/.cache/ragqa/es-data-<port>), RAGQA_ES_WAIT_S (180), ES_JAVA_HOME (default: the
-# newest JDK 21+ in /usr/lib/jvm). Run as root, Elasticsearch runs as the system user ragqa-es.
+# pid file; <base>/es-data-<port>), RAGQA_ES_WAIT_S (180), ES_JAVA_HOME (default: the newest
+# JDK 21+ in /usr/lib/jvm), RAGQA_ES_BASE (where the distribution and data go).
+#
+# Elasticsearch refuses to run as root, so as root it runs as the system user ragqa-es, and
+# everything it reads or writes lives in a folder that user owns (RAGQA_ES_BASE, default
+# /var/lib/ragqa-es), so no folder of root's home is opened to it. As another user it runs as
+# that user, from ~/.cache/ragqa.
 set -euo pipefail
 
 VERSION="${RAGQA_ES_VERSION:-9.3.2}"
 PORT="${RAGQA_ES_PORT:-9200}"
 CACHE="$HOME/.cache/ragqa"
-DATA="${RAGQA_ES_DATA:-$CACHE/es-data-$PORT}"
-WAIT_S="${RAGQA_ES_WAIT_S:-180}"
 ES_USER="ragqa-es"
+if (( EUID == 0 )); then BASE="${RAGQA_ES_BASE:-/var/lib/ragqa-es}"; else BASE="${RAGQA_ES_BASE:-$CACHE}"; fi
+DATA="${RAGQA_ES_DATA:-$BASE/es-data-$PORT}"
+# An Elasticsearch started by an earlier version of this script, as root, from ~/.cache/ragqa,
+# keeps its pid file there: keep using that folder while it runs, so stop still finds it.
+if [[ -z "${RAGQA_ES_DATA:-}" && "$BASE" != "$CACHE" && -s "$CACHE/es-data-$PORT/es.pid" ]] \
+    && kill -0 "$(cat "$CACHE/es-data-$PORT/es.pid" 2>/dev/null)" 2>/dev/null; then
+  DATA="$CACHE/es-data-$PORT"
+fi
+WAIT_S="${RAGQA_ES_WAIT_S:-180}"
 M2_REPO="${RAGQA_M2_REPO:-$HOME/.m2/repository}"
 ZIP="$M2_REPO/org/elasticsearch/distribution/integ-test-zip/elasticsearch/$VERSION/elasticsearch-$VERSION.zip"
-ES_HOME="$CACHE/es-$VERSION/elasticsearch-$VERSION"
+ES_HOME="$BASE/es-$VERSION/elasticsearch-$VERSION"
+OLD_HOME="$CACHE/es-$VERSION/elasticsearch-$VERSION"  # where root's distribution used to be unpacked
 URL="http://127.0.0.1:$PORT"
 PIDFILE="$DATA/es.pid"
 LOG="$DATA/logs/console.log"
@@ -80,22 +93,34 @@ fetch() {
 unpack() {
   [[ -x "$ES_HOME/bin/elasticsearch" ]] && return
   local tmp
-  tmp="$(mktemp -d "$CACHE/es-$VERSION.unpack.XXXXXX")"
-  say "unpacking into $CACHE/es-$VERSION"
+  mkdir -p "$BASE"
+  tmp="$(mktemp -d "$BASE/es-$VERSION.unpack.XXXXXX")"
+  if [[ "$OLD_HOME" != "$ES_HOME" && -x "$OLD_HOME/bin/elasticsearch" && ! -s "$ZIP" ]]; then
+    say "copying $OLD_HOME into $BASE/es-$VERSION"
+    cp -a "$OLD_HOME" "$tmp/" || { rm -rf "$tmp"; die "cannot copy $OLD_HOME"; }
+  else
+    fetch
+    say "unpacking into $BASE/es-$VERSION"
+    unzip_into "$tmp"
+  fi
+  [[ -x "$tmp/elasticsearch-$VERSION/bin/elasticsearch" ]] || { rm -rf "$tmp"; die "$ZIP holds no elasticsearch-$VERSION/bin/elasticsearch"; }
+  mkdir -p "$BASE/es-$VERSION"
+  mv "$tmp/elasticsearch-$VERSION" "$ES_HOME"
+  rmdir "$tmp"
+}
+
+unzip_into() {
+  local tmp="$1"
   if command -v unzip >/dev/null; then
     unzip -q "$ZIP" -d "$tmp" || { rm -rf "$tmp"; die "cannot unpack $ZIP"; }
   else
     python3 -m zipfile -e "$ZIP" "$tmp" || { rm -rf "$tmp"; die "cannot unpack $ZIP"; }
     chmod +x "$tmp/elasticsearch-$VERSION/bin/"*
   fi
-  [[ -x "$tmp/elasticsearch-$VERSION/bin/elasticsearch" ]] || { rm -rf "$tmp"; die "$ZIP holds no elasticsearch-$VERSION/bin/elasticsearch"; }
-  mkdir -p "$CACHE/es-$VERSION"
-  mv "$tmp/elasticsearch-$VERSION" "$ES_HOME"
-  rmdir "$tmp"
 }
 
 # As root: Elasticsearch refuses to run as root, so it runs as a system user that owns its
-# files and can reach them through every parent directory.
+# files. No permission outside them changes: a folder the user cannot reach is an error.
 prepare_user() {
   (( EUID == 0 )) || return 0
   if ! id "$ES_USER" >/dev/null 2>&1; then
@@ -105,10 +130,9 @@ prepare_user() {
   [[ "$(stat -c %U "$ES_HOME/config")" == "$ES_USER" ]] || chown -R "$ES_USER" "$ES_HOME"
   chown -R "$ES_USER" "$DATA"
   local dir
-  for dir in "$ES_HOME" "$DATA"; do
-    while dir="$(dirname "$dir")"; [[ "$dir" != / ]]; do
-      [[ "$(stat -c %A "$dir")" == *[xt] ]] || chmod o+x "$dir"
-    done
+  for dir in "$ES_HOME/bin" "$DATA/data"; do
+    runuser -u "$ES_USER" -- test -x "$dir" \
+      || die "the user $ES_USER cannot reach $dir (a parent folder is closed to it); set RAGQA_ES_BASE or RAGQA_ES_DATA to a folder it can reach"
   done
 }
 
@@ -126,7 +150,6 @@ start() {
   local jdk launcher=""
   jdk="$(java_home)"
   if ! pid_alive; then
-    fetch
     unpack
     mkdir -p "$DATA/data" "$DATA/logs"
     rm -f "$PIDFILE"
