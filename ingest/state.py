@@ -340,6 +340,11 @@ class StateDB:
         )
         return dict(rows[0]) if rows else None
 
+    def source_added(self, source: str) -> float | None:
+        """Unix time the source was first added, or None for an unknown source."""
+        rows = self._rows("SELECT created_at FROM sources WHERE name = ?", (source,))
+        return float(rows[0]["created_at"]) if rows else None
+
     def last_success(self, source: str) -> float | None:
         rows = self._rows(
             "SELECT MAX(finished_at) AS t FROM runs WHERE source = ? AND status = 'ok'", (source,)

@@ -19,12 +19,14 @@ Example::
 
 from __future__ import annotations
 
+import json
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ingest.vectors import vectors_for
-from rag.metrics import INDEX_DRIFT_CHUNKS
+from rag.metrics import DRIFT_META, INDEX_DRIFT_CHUNKS
 from rag.services import Services
 from rag.types import Chunk
 
@@ -82,6 +84,10 @@ def verify(services: Services, source: str | None = None, repair: bool = False) 
         totals[d.index] += len(d.missing) + len(d.extra)
     for label, n in totals.items():
         INDEX_DRIFT_CHUNKS.labels(label).set(0 if repair else n)
+    # Kept in the state too, so that a server's /metrics shows what a `ragqa verify` process found.
+    recorded = json.loads(state.get_meta(DRIFT_META) or "{}")
+    recorded.update({label: {"chunks": 0 if repair else n, "at": time.time()} for label, n in totals.items()})
+    state.set_meta(DRIFT_META, json.dumps(recorded))
     return report
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
+__all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "DRIFT_META", "GpuMemoryCollector", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
            "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN", "ANSWERS_IN_FLIGHT", "ANSWERS_QUEUED", "ANSWERS_REJECTED"]
 
@@ -25,12 +25,16 @@ INDEX_DRIFT_CHUNKS = Gauge(
     "(missing plus extra), per index.",
     ["index"],
     registry=REGISTRY,
+    multiprocess_mode="mostrecent",
 )
+DRIFT_META = "index_drift"
+"""The state's meta key where verify keeps its last drift per index (``/metrics`` reads it)."""
 INDEX_LAST_SUCCESS = Gauge(
     "index_last_success_timestamp",
     "Unix time of the last reindex of a source that completed without errors.",
     ["source"],
     registry=REGISTRY,
+    multiprocess_mode="max",
 )
 REINDEX_RUNS = Counter(
     "reindex_runs",
@@ -134,9 +138,11 @@ RETRIEVAL_LEG_DOWN = Counter(
 )
 
 # Admission control (rag/admission.py)
-ANSWERS_IN_FLIGHT = Gauge("answers_in_flight", "Answers being retrieved and generated now (this process).",
-                          registry=REGISTRY)
-ANSWERS_QUEUED = Gauge("answers_queued", "Questions waiting for an answer slot (this process).", registry=REGISTRY)
+# With several workers a scrape sums the live processes' values (serve/metrics_scrape.py).
+ANSWERS_IN_FLIGHT = Gauge("answers_in_flight", "Answers being retrieved and generated now.",
+                          registry=REGISTRY, multiprocess_mode="livesum")
+ANSWERS_QUEUED = Gauge("answers_queued", "Questions waiting for an answer slot.", registry=REGISTRY,
+                       multiprocess_mode="livesum")
 ANSWERS_REJECTED = Counter(
     "answers_rejected",
     "Questions refused with 503 because every answer slot was taken and the queue was full.",

@@ -35,6 +35,7 @@ from serve.deps import AppState, GeneratorHealth
 from serve.errors import install_handlers
 from serve.limits import BodyLimit
 from serve.metrics import RequestMetrics
+from serve.metrics_scrape import worker_exit
 from serve.qa_log import QALog
 from serve.redis_streams import make_stream_store
 from serve.schemas import ChatCompletionChunk
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
                 state.qa_log.close()
             if owned:
                 services.close()
+            worker_exit()  # with several workers: this one's in-flight gauges leave the sums
 
     app = FastAPI(title="ragqa", version="0.1.0", lifespan=lifespan,
                   summary="Question answering over your documents, with citations. OpenAI-compatible.")

@@ -19,7 +19,9 @@
 
 P99 comes from the histograms, e.g.
 ``histogram_quantile(0.99, sum by (le) (rate(answer_stage_seconds_bucket{stage="total"}[5m])))``.
-With several workers each process has its own counters (scrape them, or run one worker).
+With ``ragqa serve --workers N`` a scrape of any worker sums every worker's metrics
+(:mod:`serve.metrics_scrape`), which also adds ``freshness_lag_seconds{source}`` and
+``index_drift_chunks{index}`` read from the state database.
 
 Example::
 
@@ -58,7 +60,8 @@ DEGRADED = Counter("answers_degraded", "Answers flagged degraded: a retrieval le
                    registry=REGISTRY)
 CACHE_LOOKUPS = Counter("answer_cache_lookups", "Answer cache lookups by result: hit, semantic, miss.",
                         ["result"], registry=REGISTRY)
-STREAMS_RUNNING = Gauge("streams_running", "Streamed generations running now in this process.", registry=REGISTRY)
+STREAMS_RUNNING = Gauge("streams_running", "Streamed generations running now.", registry=REGISTRY,
+                        multiprocess_mode="livesum")
 
 # Answer timings keys (milliseconds) -> stage label.
 STAGES = {"embed_ms": "embed", "retrieve_ms": "retrieve", "rerank_ms": "rerank", "generate_ms": "generate",

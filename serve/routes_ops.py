@@ -14,10 +14,10 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from rag.metrics import REGISTRY
 from serve.deps import State
+from serve.metrics_scrape import scrape
 from serve.schemas import ERRORS, BackendState, HealthResponse, ReadyResponse
 
 __all__ = ["router"]
@@ -68,5 +68,6 @@ async def ready(state: State) -> Any:
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics",
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."},
                        500: ERRORS[500]})
-async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+async def metrics(state: State) -> Response:
+    body = await asyncio.to_thread(scrape, state.services)  # reads the state DB (and worker files)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -35,33 +36,64 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
     Requests need an API key from serve.api_keys (`ragqa keys create`) unless auth is off.
     The event loop and HTTP parser in use are named on stderr at start-up.
     """
-    import uvicorn
-
-    from serve.app import create_app
-    from serve.auth import check_exposure
-
     services = obj.services
     cfg = services.settings.serve
     host, port, workers = host or cfg.host, cfg.port if port is None else port, workers or cfg.workers
-    forced = {"host": host, "auth": cfg.auth and not no_auth,
-              "allow_insecure_public": cfg.allow_insecure_public or allow_insecure}
-    check_exposure(cfg.model_copy(update=forced))  # one line, before anything is loaded or bound
-    settings = services.settings.model_copy(update={"serve": cfg.model_copy(update=forced)})
-    level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
-    impl = {"loop": loop, "http": http}
-    if workers == 1:  # the schedule runs in the app's lifespan, so it stops before the process does
-        app = create_app(settings, services=services, with_scheduler=with_scheduler)
-        _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
-                                         timeout_graceful_shutdown=10, **impl)).run()
-        return
+    # Set before anything loads prometheus_client, so this process's scheduler writes there too.
+    metrics_dir = _multiprocess_metrics_dir() if workers > 1 else None
+    try:
+        import uvicorn
+
+        from serve.auth import check_exposure
+
+        forced = {"host": host, "auth": cfg.auth and not no_auth,
+                  "allow_insecure_public": cfg.allow_insecure_public or allow_insecure}
+        check_exposure(cfg.model_copy(update=forced))  # one line, before anything is loaded or bound
+        settings = services.settings.model_copy(update={"serve": cfg.model_copy(update=forced)})
+        level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
+        impl = {"loop": loop, "http": http}
+        if workers == 1:  # the schedule runs in the app's lifespan, so it stops before the process does
+            from serve.app import create_app
+
+            app = create_app(settings, services=services, with_scheduler=with_scheduler)
+            _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
+                                             timeout_graceful_shutdown=10, **impl)).run()
+            return
+        _serve_workers(obj, settings, forced, workers, with_scheduler, host, port, level, impl)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _multiprocess_metrics_dir() -> str:
+    """A fresh directory for prometheus_client's multiprocess mode, set in the environment that
+    the workers inherit: every process writes its metrics there and a scrape of any worker sums
+    them (serve/metrics_scrape.py). Fresh per start, so no count survives from an earlier server;
+    under $PROMETHEUS_MULTIPROC_DIR when that is set (e.g. a tmpfs), else the temp directory."""
+    import tempfile
+
+    parent = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="ragqa-metrics-", dir=parent)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
+def _serve_workers(obj: Context, settings: Any, forced: dict[str, Any], workers: int, with_scheduler: bool,
+                   host: str, port: int, level: str, impl: dict[str, str]) -> None:
+    import uvicorn
+
+    services = obj.services
     # Each worker builds its own app from the same settings, passed on in the environment.
     if obj.config:
         os.environ["RAG_CONFIG"] = str(obj.config)
     os.environ["RAG_DATA_DIR"] = str(services.data_dir)
     for name, value in forced.items():
         os.environ[f"RAG_SERVE__{name.upper()}"] = str(value).lower() if isinstance(value, bool) else value
-    click.echo(f"ragqa: starting {workers} workers; streams resume on the worker that started them, "
-               "and /metrics counts per worker", err=True)
+    resume = "any worker" if settings.serve.redis_url else "the worker that started them"
+    click.echo(f"ragqa: starting {workers} workers; streams resume on {resume}, "
+               "and /metrics sums every worker's metrics", err=True)
     scheduler = None
     if with_scheduler:  # once, in this supervising process, not in every worker
         from ingest import scheduler as sched
@@ -69,7 +101,7 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
         scheduler = sched.build_scheduler(services)
         sched.start(scheduler, services)
     try:
-        _announce(host, port, loop, http)
+        _announce(host, port, impl["loop"], impl["http"])
         uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
                     log_level=level, timeout_graceful_shutdown=10, **impl)
     finally:
