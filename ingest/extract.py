@@ -45,6 +45,7 @@ _CONTENT_TYPES: dict[str, Kind] = {
 }
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _ATX = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)(?:\s+#+)?\s*$", re.M)
+_NEAR_TIE = 0.05  # charset_normalizer's "chaos" (share of odd characters)
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n(?:---|\.\.\.)\n", re.S)
 
 
@@ -98,9 +99,16 @@ def decode(data: bytes, charset: str | None = None, *, html: bool = False) -> st
             return data.decode(candidate)
         except (LookupError, UnicodeDecodeError):
             continue
-    best = charset_normalizer.from_bytes(data).best()
+    matches = charset_normalizer.from_bytes(data)
+    best = matches.best()
     if best is None:
         raise ValueError("bytes in no known text encoding")
+    # Short Latin text fits several single-byte code pages about equally well (Latin-1 sent as
+    # UTF-8 reads as Baltic cp1257 first: "crčme"). The web's own fallback is windows-1252
+    # (the WHATWG encoding standard maps latin1 and ascii labels to it), so it wins a near tie.
+    for match in matches:
+        if match.encoding == "cp1252" and match.chaos <= best.chaos + _NEAR_TIE:
+            return str(match)
     return str(best)
 
 

@@ -38,7 +38,7 @@ from ingest.sources.base import Fetched, Validator
 from ingest.vectors import vectors_for
 from rag.cache import push_changes
 from rag.errors import ConfigError
-from rag.metrics import CHUNKS_EMBEDDED, DELETIONS_REFUSED, INDEX_LAST_SUCCESS, REINDEX_RUNS
+from rag.metrics import CHUNKS_EMBEDDED, CRAWL_ERRORS, DELETIONS_REFUSED, INDEX_LAST_SUCCESS, REINDEX_RUNS
 from rag.services import Services
 from rag.types import Chunk, Document
 
@@ -73,7 +73,15 @@ class RunReport:
     deletions_skipped: bool = False
     deletions_refused: int = 0  # documents the mass-deletion guard kept
     answers_dropped: int = 0  # from a shared (Redis) answer cache; a memory cache drops its own at its next lookup
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the first 20 messages, each naming its URL
+    error_kinds: dict[str, int] = field(default_factory=dict)  # every failed URL, by FetchError.kind
+
+    def fail(self, source: str, kind: str, message: str) -> None:
+        self.failed += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+        CRAWL_ERRORS.labels(source, kind).inc()
+        if len(self.errors) < 20:
+            self.errors.append(message)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,9 +217,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
             bar.update(1)
             old = by_url.get(item.url)
             if item.status == "error":
-                report.failed += 1
-                if len(report.errors) < 20:
-                    report.errors.append(item.error or item.url)
+                report.fail(source, item.error_kind or "unreadable", item.error or item.url)
                 if old is not None:
                     seen.add(old.id)
             elif item.status == "gone":
@@ -227,9 +233,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
                 doc = item.document
                 if doc is None or not doc.text.strip():
                     # A page that answers with no text is broken for now, not gone: keep the old one.
-                    report.failed += 1
-                    if len(report.errors) < 20:
-                        report.errors.append(f"{item.url}: no text could be extracted")
+                    report.fail(source, "no_text", f"{item.url}: no text could be extracted")
                     if old is not None:
                         seen.add(old.id)
                     continue

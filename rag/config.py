@@ -370,7 +370,9 @@ class CrawlSettings(BaseModel):
     max_pages: int = Field(default=5000, ge=1)
     max_depth: int = Field(default=20, ge=0)
     max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="Largest page or file read.")
-    timeout_s: float = Field(default=20.0, gt=0)
+    timeout_s: float = Field(default=20.0, gt=0, description="Longest wait for a connection or for any one read.")
+    page_deadline_s: float = Field(default=120.0, gt=0, description=(
+        "Longest a page or file may take to arrive in full, however steadily it trickles."))
     retries: int = Field(default=3, ge=0, le=10)
     backoff_s: float = Field(default=0.5, ge=0)
     concurrency: int = Field(default=4, ge=1, le=64)

@@ -70,13 +70,20 @@ class IngestError(RagError):
 
 
 class FetchError(IngestError):
-    """One document could not be fetched. Recorded per page; it never deletes anything."""
+    """One document could not be fetched. Recorded per page; it never deletes anything.
 
-    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
+    ``kind`` names the failure for the ``crawl_errors_total`` metric: ``timeout``, ``slow``
+    (a page that trickled past ``crawl.page_deadline_s``), ``connection`` (refused, reset,
+    truncated), ``http``, ``too_large``, ``redirects``, ``robots``, ``unreadable`` (bytes that
+    are not a document of their type).
+    """
+
+    def __init__(self, url: str, reason: str, status: int | None = None, kind: str = "unreadable") -> None:
         super().__init__(f"{url}: {reason}")
         self.url = url
         self.reason = reason
         self.status = status
+        self.kind = kind
 
 
 class EmbedderError(RagError):

@@ -49,6 +49,13 @@ DELETIONS_REFUSED = Counter(
     ["source"],
     registry=REGISTRY,
 )
+CRAWL_ERRORS = Counter(
+    "crawl_errors",
+    "Pages or files a reindex could not read, by source and kind (timeout, slow, connection, http, "
+    "too_large, redirects, robots, unreadable, no_text, io). Each counts once per run and URL.",
+    ["source", "kind"],
+    registry=REGISTRY,
+)
 CHUNKS_EMBEDDED = Counter(
     "chunks_embedded",
     "Chunks embedded by reindex runs (reused vectors are not counted).",

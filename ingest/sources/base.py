@@ -53,6 +53,7 @@ class Fetched:
     last_modified: str | None = None
     error: str | None = None
     http_status: int | None = None
+    error_kind: str | None = None  # FetchError.kind: what the crawl_errors_total metric counts
 
 
 @dataclass(frozen=True)

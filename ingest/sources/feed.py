@@ -71,7 +71,7 @@ class FeedSource:
             if reply.status != 200:
                 raise FetchError(self.url, f"HTTP {reply.status}", reply.status)
         except FetchError as exc:
-            yield Fetched(self.url, "error", error=str(exc), http_status=exc.status)
+            yield Fetched(self.url, "error", error=str(exc), http_status=exc.status, error_kind=exc.kind)
             return
         parsed = feedparser.parse(io.BytesIO(reply.content), response_headers={
             "content-location": reply.url,
@@ -104,7 +104,7 @@ class FeedSource:
             page = extract(body.encode(), kind, url=url, charset="utf-8", fallback_title=title,
                            boilerplate=self.settings.boilerplate_patterns)
         except FetchError as exc:
-            return Fetched(url, "error", error=str(exc))
+            return Fetched(url, "error", error=str(exc), error_kind=exc.kind)
         page = replace(page, title=title or page.title,
                        published=_when(entry, "published_parsed") or page.published,
                        modified=_when(entry, "updated_parsed") or page.modified)

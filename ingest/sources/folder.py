@@ -65,7 +65,8 @@ class FolderSource:
         for path, failure in self._walk(self.root):
             if failure is not None:
                 listed = False
-                yield Fetched(path.as_uri(), "error", error=f"{path}: cannot list folder: {failure}")
+                yield Fetched(path.as_uri(), "error", error=f"{path}: cannot list folder: {failure}",
+                              error_kind="io")
                 continue
             if count >= limit:
                 return
@@ -106,16 +107,16 @@ class FolderSource:
             if conditional and previous is not None and previous.last_modified == validator:
                 return Fetched(url, "not_modified", last_modified=validator)
             if stat.st_size > self.settings.max_bytes:
-                raise FetchError(url, f"larger than {self.settings.max_bytes} bytes")
+                raise FetchError(url, f"larger than {self.settings.max_bytes} bytes", kind="too_large")
             data = path.read_bytes()
             page = extract(data, kind_for(path.name) or "text", url=url, fallback_title=path.stem,
                            boilerplate=self.settings.boilerplate_patterns)
         except FileNotFoundError:
             return Fetched(url, "gone")
         except OSError as exc:
-            return Fetched(url, "error", error=f"{path}: {exc.strerror or exc}")
+            return Fetched(url, "error", error=f"{path}: {exc.strerror or exc}", error_kind="io")
         except FetchError as exc:
-            return Fetched(url, "error", error=str(exc))
+            return Fetched(url, "error", error=str(exc), error_kind=exc.kind)
         rel = path.relative_to(self.root).as_posix()
         modified = datetime.fromtimestamp(stat.st_mtime_ns / 1e9, tz=UTC)
         doc = build_document(self.cfg, doc_id=f"{self.cfg.name}:{rel}", url=url, page=page,

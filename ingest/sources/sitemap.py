@@ -106,7 +106,7 @@ class SitemapSource(WebSource):
                     raise FetchError(url, f"HTTP {reply.status}", reply.status)
                 kind, locs = parse_sitemap(reply.content, self.settings.max_bytes)
             except FetchError as exc:
-                yield Fetched(url, "error", error=str(exc), http_status=exc.status)
+                yield Fetched(url, "error", error=str(exc), http_status=exc.status, error_kind=exc.kind)
                 continue
             except ValueError as exc:
                 yield Fetched(url, "error", error=f"{url}: {exc}", http_status=reply.status)

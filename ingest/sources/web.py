@@ -105,7 +105,7 @@ class WebSource:
         if 400 <= reply.status < 500:
             return
         if reply.status != 200:
-            raise FetchError(url, f"robots.txt answered HTTP {reply.status}", reply.status)
+            raise FetchError(url, f"robots.txt answered HTTP {reply.status}", reply.status, kind="http")
         self._robots = Protego.parse(reply.content.decode("utf-8", errors="replace"))
 
     def same_origin(self, url: str) -> bool:
@@ -159,7 +159,7 @@ class WebSource:
         try:
             return http.get(url, validator)
         except FetchError as exc:
-            return Fetched(url, "error", error=str(exc), http_status=exc.status)
+            return Fetched(url, "error", error=str(exc), http_status=exc.status, error_kind=exc.kind)
 
     def _read(self, url: str, reply: Reply | Fetched, validator: Validator | None) -> _Page:
         if isinstance(reply, Fetched):
@@ -176,7 +176,7 @@ class WebSource:
             return _Page(Fetched(final, "gone", http_status=reply.status))
         if reply.status != 200:
             return _Page(Fetched(final, "error", error=f"{final}: HTTP {reply.status}",
-                                 http_status=reply.status))
+                                 http_status=reply.status, error_kind="http"))
         kind = kind_for(urlsplit(final).path, reply.content_type)
         if kind not in _ACCEPTED:
             return _Page(None)
@@ -185,7 +185,7 @@ class WebSource:
             page = extract(reply.content, kind, url=final, charset=reply.charset,
                            fallback_title=stem, boilerplate=self.settings.boilerplate_patterns)
         except FetchError as exc:
-            return _Page(Fetched(final, "error", error=str(exc), http_status=200))
+            return _Page(Fetched(final, "error", error=str(exc), http_status=200, error_kind=exc.kind))
         links = tuple(normalize_url(link) for link in page.links if link.startswith("http"))
         if page.noindex:
             return _Page(Fetched(final, "gone", http_status=200), links)
@@ -199,9 +199,10 @@ class WebSource:
         try:
             self._load_robots(http)
         except FetchError as exc:
-            return Fetched(self.start, "error", error=str(exc), http_status=exc.status)
+            return Fetched(self.start, "error", error=str(exc), http_status=exc.status, error_kind=exc.kind)
         if self._robots is not None and not self._robots.can_fetch(self.start, self.settings.user_agent):
-            return Fetched(self.start, "error", error=f"{self.start}: disallowed by robots.txt")
+            return Fetched(self.start, "error", error=f"{self.start}: disallowed by robots.txt",
+                           error_kind="robots")
         return None
 
 
@@ -272,6 +273,6 @@ class SiteSource(WebSource):
             return Fetched(self.start, "error",
                            error=f"{self.start}: the start page is not an HTML page in scope")
         if item.status == "gone":
-            return Fetched(self.start, "error", http_status=item.http_status,
+            return Fetched(self.start, "error", http_status=item.http_status, error_kind="http",
                            error=f"{self.start}: the start page is gone (HTTP {item.http_status})")
         return item
