@@ -335,7 +335,6 @@ def test_unknown_model_is_a_config_error(setup: str, tmp_path: Path, runner: asy
 
 def client_for(server: Server, cls: type[OpenAIGenerator] = OpenAIGenerator, **kwargs: Any) -> OpenAIGenerator:
     kwargs.setdefault("timeout_s", 60)
-    kwargs.setdefault("backoff_s", 0.05)
     return cls(f"{server.url}/v1", SERVED, **kwargs)
 
 
@@ -580,7 +579,7 @@ class TestServer:
 
 def test_unreachable_server_is_backend_unavailable() -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    gen = OpenAIGenerator(url, "tiny", connect_retries=2, backoff_s=0.01, timeout_s=5)
+    gen = OpenAIGenerator(url, "tiny", connect_retries=2, timeout_s=5)
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable, match=re.escape(url)):
         asyncio.run(gen.start())
