@@ -6,7 +6,7 @@ is the chunk text, whose ``id`` is the chunk id, and whose metadata carries ``ch
 ``doc_id``, ``source``, ``title``, ``url``, ``heading``, ``lang``, ``modified`` and
 ``published`` (ISO 8601 strings or ``None``), ``trust`` (its name), ``tags`` (a list),
 ``tenant``, ``score`` and ``explain`` (each retrieval leg's score and rank, e.g. ``bm25``,
-``vector_rank``, ``rrf``). Async calls run the blocking search in a worker thread.
+``vector_rank``, ``rrf``). Async calls run the blocking search in a worker thread. Needs ``pip install 'ragqa[langchain]'``.
 
 Example::
 
@@ -29,12 +29,15 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForRetrieverRun,
-    CallbackManagerForRetrieverRun,
-)
-from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
+try:
+    from langchain_core.callbacks import (
+        AsyncCallbackManagerForRetrieverRun,
+        CallbackManagerForRetrieverRun,
+    )
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+except ImportError as exc:  # langchain-core comes with the langchain extra
+    raise ImportError(f"rag.langchain needs langchain-core ({exc}): pip install 'ragqa[langchain]'") from exc
 from pydantic import ConfigDict, Field
 
 import rag.retrieval

