@@ -127,8 +127,8 @@ def _title(tree: Any) -> str:
 def _meta_dates(tree: Any) -> tuple[datetime | None, datetime | None]:
     # Not htmldate (installed with trafilatura): its find_date gives one date per call, falls
     # back to any date it sees (a footer's "Last updated", the URL's path, the published date
-    # asked for the modified one) and drops the time zone, where these are the page's own
-    # published and modified claims, or None.
+    # when asked for the modified one), where these are the page's own published and modified
+    # claims, or None.
     found: dict[str, str] = {}
     for meta in tree.xpath("//meta[@content]"):
         key = (meta.get("property") or meta.get("name") or meta.get("itemprop") or "").lower()
