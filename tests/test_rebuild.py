@@ -1,9 +1,11 @@
 """Crash-safe full rebuilds (begin_rebuild / commit_rebuild / abort_rebuild / cleanup) on
-tantivy and numpy on disk and on Milvus Lite: the switch, reads while it happens, a rebuild
-killed halfway, and indexes written before generations existed."""
+tantivy and numpy on disk, on Milvus Lite and on a Milvus server (RAG_TEST_MILVUS_URI): the
+switch, reads while it happens, a rebuild killed halfway, and indexes written before
+generations existed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -36,6 +38,12 @@ def content(prefix: str, n: int, seed: int) -> tuple[list[Chunk], np.ndarray]:
 
 OLD, NEW = content("old", 30, 1), content("new", 20, 2)
 OLD_IDS, NEW_IDS = {c.id for c in OLD[0]}, {c.id for c in NEW[0]}
+SERVER_URI = os.environ.get("RAG_TEST_MILVUS_URI", "")
+# The Milvus server's kind: skipped without a server, run as an integration test with one.
+MILVUS_SERVER = pytest.param("milvus-server", marks=[
+    pytest.mark.integration,
+    pytest.mark.skipif(not SERVER_URI, reason="RAG_TEST_MILVUS_URI is not set"),
+])
 
 
 class Backend:
@@ -43,6 +51,7 @@ class Backend:
 
     def __init__(self, kind: str, location: str, collection: str = "") -> None:
         self.kind, self.location, self.collection = kind, location, collection
+        self.milvus = kind in ("milvus", "milvus-server")
 
     def open(self):
         if self.kind == "tantivy":
@@ -89,8 +98,9 @@ class Backend:
         return names
 
     def generation(self, n: int) -> str:
-        names = {"tantivy": f"gen-{n}", "numpy": f"chunks_g{n}", "milvus": f"{self.collection}_g{n}"}
-        return names[self.kind]
+        if self.milvus:
+            return f"{self.collection}_g{n}"
+        return {"tantivy": f"gen-{n}", "numpy": f"chunks_g{n}"}[self.kind]
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +114,8 @@ def _backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path):
     elif kind == "numpy":
         yield Backend(kind, str(tmp_path / "vectors.db"))
     else:
-        backend = Backend(kind, request.getfixturevalue("milvus_uri"), collection_name(request))
+        uri = SERVER_URI if kind == "milvus-server" else request.getfixturevalue("milvus_uri")
+        backend = Backend(kind, uri, collection_name(request))
         index = backend.open()
         index.drop()
         yield backend
@@ -112,7 +123,7 @@ def _backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path):
         index.close()
 
 
-@pytest.fixture(params=["tantivy", "numpy", "milvus"])
+@pytest.fixture(params=["tantivy", "numpy", "milvus", MILVUS_SERVER])
 def backend(request: pytest.FixtureRequest, tmp_path: Path):
     yield from _backend(request.param, request, tmp_path)
 
@@ -170,7 +181,7 @@ def test_abort_keeps_the_old_content(backend: Backend) -> None:
     fresh.close()
 
 
-@pytest.mark.parametrize("kind", ["tantivy", "numpy", "milvus"])
+@pytest.mark.parametrize("kind", ["tantivy", "numpy", "milvus", MILVUS_SERVER])
 def test_reads_never_fail_nor_see_partial_content_during_a_rebuild(
         kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     for backend in _backend(kind, request, tmp_path):
@@ -213,7 +224,7 @@ sys.path.insert(0, sys.argv[1])
 from tests.test_rebuild import Backend, NEW, OLD
 backend = Backend(*sys.argv[2:])
 live = backend.open()
-if backend.kind == "milvus":  # one process per Milvus Lite file: the old content is made here
+if backend.milvus:  # one process per Milvus Lite file: the old content is made here
     backend.write(live, OLD)
     live.flush()
 new = live.begin_rebuild()
@@ -223,8 +234,13 @@ time.sleep(120)
 """
 
 
-@pytest.mark.parametrize("kind", ["tantivy", "numpy", "milvus"])
-def test_a_rebuild_killed_halfway_leaves_the_old_content(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["tantivy", "numpy", "milvus", MILVUS_SERVER])
+def test_a_rebuild_killed_halfway_leaves_the_old_content(kind: str, tmp_path: Path,
+                                                        request: pytest.FixtureRequest) -> None:
+    if kind == "milvus-server":
+        for backend in _backend(kind, request, tmp_path):
+            _kill_a_rebuild_halfway(backend)
+        return
     location = {"tantivy": tmp_path / "lexical", "numpy": tmp_path / "vectors.db",
                 "milvus": tmp_path / "milvus.db"}[kind]
     backend = Backend(kind, str(location), "crash" if kind == "milvus" else "")
@@ -232,7 +248,12 @@ def test_a_rebuild_killed_halfway_leaves_the_old_content(kind: str, tmp_path: Pa
         first = backend.open()
         backend.write(first, OLD)
         first.close()
-    child = subprocess.Popen([sys.executable, "-c", _CRASHING_REBUILD, str(ROOT), *vars(backend).values()],
+    _kill_a_rebuild_halfway(backend)
+
+
+def _kill_a_rebuild_halfway(backend: Backend) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _CRASHING_REBUILD, str(ROOT), backend.kind,
+                              backend.location, backend.collection],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
@@ -276,7 +297,7 @@ def test_a_crash_between_the_switch_and_the_drop_leaves_the_old_one_to_cleanup(
     live.close()
     fresh = backend.open()
     backend.assert_holds(fresh, NEW_IDS)
-    old = {"tantivy": ".", "numpy": "chunks", "milvus": backend.generation(0)}[backend.kind]
+    old = backend.generation(0) if backend.milvus else {"tantivy": ".", "numpy": "chunks"}[backend.kind]
     assert fresh.cleanup() == [old]
     assert backend.physical() == [backend.generation(1)]
     backend.assert_holds(fresh, NEW_IDS)
@@ -326,9 +347,9 @@ def test_pre_generation_layouts_are_generation_0(tmp_path: Path) -> None:
         assert db.execute("SELECT name FROM sqlite_master WHERE name = 'chunks'").fetchone() is None
 
 
-def test_pre_generation_milvus_collection_is_generation_0(milvus_uri: str,
-                                                          request: pytest.FixtureRequest) -> None:
-    for backend in _backend("milvus", request, Path()):
+@pytest.mark.parametrize("kind", ["milvus", MILVUS_SERVER])
+def test_pre_generation_milvus_collection_is_generation_0(kind: str, request: pytest.FixtureRequest) -> None:
+    for backend in _backend(kind, request, Path()):
         live = backend.open()
         client = live._raw_client()
         live._create(client, backend.collection)  # as made before generations: no alias
