@@ -143,6 +143,8 @@ RETRIEVAL_LEG_DOWN = Counter(
     ["leg"],
     registry=REGISTRY,
 )
+for _leg in ("lexical", "vector", "rerank"):  # exported at 0 from the start, so rate() sees the first one
+    RETRIEVAL_LEG_DOWN.labels(_leg)
 
 # Admission control (rag/admission.py)
 # With several workers a scrape sums the live processes' values (serve/metrics_scrape.py).
@@ -169,6 +171,8 @@ CACHE_RECHECKS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+for _result in ("kept", "stale"):
+    CACHE_RECHECKS.labels(_result)
 CACHE_ERRORS = Counter(
     "answer_cache_errors",
     "Answer cache operations that failed because its store was unreachable, by operation; the "

@@ -60,6 +60,8 @@ DEGRADED = Counter("answers_degraded", "Answers flagged degraded: a retrieval le
                    registry=REGISTRY)
 CACHE_LOOKUPS = Counter("answer_cache_lookups", "Answer cache lookups by result: hit, semantic, miss.",
                         ["result"], registry=REGISTRY)
+for _result in ("hit", "semantic", "miss"):  # exported at 0 from the start, also with several workers
+    CACHE_LOOKUPS.labels(_result)
 STREAMS_RUNNING = Gauge("streams_running", "Streamed generations running now.", registry=REGISTRY,
                         multiprocess_mode="livesum")
 
