@@ -332,4 +332,7 @@ class ReindexResponse(BaseModel):
     deletions_skipped: bool
     deletions_refused: int = 0
     answers_dropped: int = 0
-    errors: list[str]
+    errors: list[str] = Field(description="The first 20 failures, each naming its URL.")
+    error_kinds: dict[str, int] = Field(default_factory=dict, description=(
+        "Every failed URL, by kind: timeout, slow, connection, http, too_large, redirects, robots, unreadable, "
+        "no_text, io."))
