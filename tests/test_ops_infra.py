@@ -1,9 +1,13 @@
 """The deployment files in infra/ checked by real tools, offline: promtool for the alert rules
-and their unit tests. Whether ragqa really exports the metrics they name is checked against a
+and their unit tests, the compose specification's JSON schema and ragqa's Settings for
+infra/compose.yaml. Whether ragqa really exports the metrics they name is checked against a
 running server in ``test_ops_metrics.py``."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,3 +52,107 @@ def test_the_scrape_config_is_valid(tmp_path):
                                                             str(INFRA / "prometheus/alerts.yml")))
     check = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+
+
+# -- infra/compose.yaml ------------------------------------------------------------------------
+TEST_VALUES = {"RAGQA_IMAGE": "ragqa:test", "ELASTIC_PASSWORD": "es-secret", "MINIO_SECRET_KEY": "minio-secret",
+               "GRAFANA_ADMIN_PASSWORD": "grafana-secret",
+               "RAGQA_API_KEYS": '[{"id": "ops", "hash": "sha256:' + "0" * 64 + '", "scopes": ["admin"]}]'}
+_VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
+
+
+def interpolate(value: object, env: dict[str, str]) -> object:
+    """Compose's variable interpolation (${VAR}, ${VAR:-default}, ${VAR:?error}, $$), over a loaded file."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group(1) or m.group(4), m.group(2), m.group(3)
+        if name in env and (env[name] or op not in (":-", ":?")):
+            return env[name]
+        if op and op.endswith("?"):
+            raise AssertionError(f"${{{name}}} is required: {arg}")
+        return arg if op else ""
+
+    return _VAR.sub(sub, value)
+
+
+def compose(env: dict[str, str] | None = None) -> dict:
+    import yaml
+
+    return interpolate(yaml.safe_load((INFRA / "compose.yaml").read_text()), TEST_VALUES if env is None else env)
+
+
+def test_compose_file_follows_the_compose_specification():
+    import jsonschema
+
+    schema = json.loads((INFRA / "schemas/compose-spec.json").read_text())
+    doc = compose()
+    jsonschema.validate(doc, schema)  # raises with the path of the first violation
+    services = doc["services"]
+    assert {"elasticsearch", "etcd", "minio", "milvus", "redis", "vllm", "ragqa-api", "ragqa-scheduler",
+            "prometheus", "grafana"} <= set(services)
+    assert all("healthcheck" in s for name, s in services.items() if name != "dcgm-exporter")
+    assert "allkeys-lfu" in services["redis"]["command"]
+    vllm = services["vllm"]
+    assert "--enable-prefix-caching" in vllm["command"] and any("awq" in a for a in vllm["command"])
+    assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert services["ragqa-scheduler"]["command"] == ["ragqa", "schedule"]
+    assert services["ragqa-scheduler"]["deploy"]["replicas"] == 1
+    # a bad file is refused: the schema is really applied
+    broken = compose()
+    broken["services"]["redis"]["healthcheck"]["interval"] = {"seconds": 5}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_compose_refuses_to_start_without_its_secrets():
+    with pytest.raises(AssertionError, match="ELASTIC_PASSWORD"):
+        compose({k: v for k, v in TEST_VALUES.items() if k != "ELASTIC_PASSWORD"})
+
+
+def setting_path_exists(name: str) -> bool:
+    """Whether RAG_A__B names a field of Settings (nested with ``__``); pydantic-settings would
+    silently ignore one that does not."""
+    from pydantic import BaseModel
+
+    from rag.config import Settings
+
+    model: type[BaseModel] = Settings
+    parts = name.removeprefix("RAG_").lower().split("__")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        if i < len(parts) - 1:
+            inner = field.annotation
+            if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+                return False
+            model = inner
+    return True
+
+
+@pytest.mark.parametrize("service", ["ragqa-api", "ragqa-scheduler"])
+def test_every_rag_variable_of_a_ragqa_service_is_a_setting_and_validates(service, monkeypatch):
+    from rag.config import Settings
+
+    env = compose()["services"][service]["environment"]
+    names = [k for k in env if k.startswith("RAG_")]
+    assert names and all(setting_path_exists(k) for k in names), [k for k in names if not setting_path_exists(k)]
+    assert not setting_path_exists("RAG_SERVE__WORKRES") and not setting_path_exists("RAG_LEXICAL__URL__X")
+    for key in [k for k in os.environ if k.startswith("RAG_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    settings = Settings.load(None)
+    assert settings.lexical.backend == "elasticsearch" and settings.vector.uri == "http://milvus:19530"
+    assert settings.generator.backend == "openai" and settings.cache.backend == "redis"
+    assert settings.lexical.password is not None and settings.lexical.password.get_secret_value() == "es-secret"
+    if service == "ragqa-api":
+        assert [k.id for k in settings.serve.api_keys] == ["ops"]
