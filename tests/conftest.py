@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Python docs releases, and services on a fresh data dir."""
+"""Shared fixtures: the real Python docs releases, services on a fresh data dir, served corpora,
+and answer caches of each backend (``new_cache``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import csv
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,9 +16,12 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from rag.config import Settings
+from rag.cache import AnswerCacheLayer, make_answer_cache
+from rag.config import CacheSettings, Settings
 from rag.services import Services
+from rag.types import AnswerCache
 from tests.corpus import NEW, OLD, index_notes
+from tests.fixtures.cache import NO_REDIS, REDIS_URL, flush_redis
 from tests.httpserver import LocalServer, serve_dir, unpack_pydocs
 
 if TYPE_CHECKING:
@@ -156,3 +161,20 @@ def knobs(gen: Gated) -> Iterator[Gated]:
     yield gen
     gen.gate.set()  # never leave a generation waiting
     gen.reset()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.skipif(not REDIS_URL, reason=NO_REDIS))])
+def new_cache(request: pytest.FixtureRequest, corpus: Services) -> Iterator[Callable[..., AnswerCacheLayer]]:
+    """Builds answer caches of one backend from ``cache.*`` settings, as the answerer does, over
+    the module's ``corpus``."""
+    prefix = f"ragqa-test-cache:{uuid.uuid4().hex[:8]}"
+
+    def make(**settings: object) -> AnswerCacheLayer:
+        cfg = CacheSettings(backend=request.param, redis_url=REDIS_URL, prefix=prefix, **settings)
+        layer = make_answer_cache(corpus, settings=cfg, salt="test")
+        assert layer is not None and isinstance(layer.backend, AnswerCache)
+        return layer
+
+    yield make
+    if request.param == "redis":
+        flush_redis(prefix)

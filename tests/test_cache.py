@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,7 +27,6 @@ from click.testing import CliRunner
 from ingest.pipeline import reindex
 from rag.answer import Answerer, AnswerEvent
 from rag.cache import (
-    AnswerCacheLayer,
     CachedAnswer,
     MemoryAnswerCache,
     make_answer_cache,
@@ -36,15 +34,12 @@ from rag.cache import (
 )
 from rag.cli import cli
 from rag.config import CacheSettings, SourceConfig
-from rag.generators.extractive import ExtractiveGenerator
 from rag.services import Services
-from rag.types import AnswerCache, Filters, GenerationDelta, GenerationParams, Prompt
+from rag.types import Filters
 from serve.app import create_app
 from tests.conftest import make_settings
+from tests.fixtures.cache import NO_REDIS, REDIS_URL, Counting, ask, done, flush_redis
 from tests.live import live
-
-REDIS_URL = os.environ.get("RAG_TEST_REDIS_URL")
-NO_REDIS = "RAG_TEST_REDIS_URL is not set (scripts/test.sh starts a throwaway Redis and sets it)"
 
 NOTES = {
     "docs": {
@@ -66,26 +61,6 @@ TENANTS = {"acme": "acme", "globex": "globex"}
 READ = "How do I read a file in Python?"
 READ_PARAPHRASE = "In Python, how can I read a file?"  # MiniLM: cosine 0.98-0.99 to READ
 WRITE = "How do I write a file in Python?"  # 0.79 to READ
-
-
-class Counting(ExtractiveGenerator):
-    """The extractive generator, counting generations; ``down`` makes it fail before any token."""
-
-    name = "counting-extractive"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-        self.down = False
-
-    async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
-        self.calls += 1
-        if self.down:
-            from rag.errors import BackendUnavailable
-
-            raise BackendUnavailable("http://127.0.0.1:9/v1: connection refused")
-        async for delta in super().stream(prompt, params):
-            yield delta
 
 
 def write_notes(base: Path, source: str) -> None:
@@ -114,45 +89,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     svc.src = base / "src"  # type: ignore[attr-defined]
     yield svc
     svc.close()
-
-
-def _flush(prefix: str) -> None:
-    import redis
-
-    with redis.Redis.from_url(REDIS_URL) as client:  # type: ignore[arg-type]
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-
-
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.skipif(not REDIS_URL, reason=NO_REDIS))])
-def new_cache(request: pytest.FixtureRequest, corpus: Services) -> Iterator[Callable[..., AnswerCacheLayer]]:
-    """Builds answer caches of one backend from ``cache.*`` settings, as the answerer does."""
-    prefix = f"ragqa-test-cache:{uuid.uuid4().hex[:8]}"
-
-    def make(**settings: object) -> AnswerCacheLayer:
-        cfg = CacheSettings(backend=request.param, redis_url=REDIS_URL, prefix=prefix, **settings)
-        layer = make_answer_cache(corpus, settings=cfg, salt="test")
-        assert layer is not None and isinstance(layer.backend, AnswerCache)
-        return layer
-
-    yield make
-    if request.param == "redis":
-        _flush(prefix)
-
-
-def ask(answerer: Answerer, question: str, **kwargs: object) -> tuple[str, list[AnswerEvent]]:
-    async def go() -> list[AnswerEvent]:
-        return [e async for e in answerer.stream(question, **kwargs)]
-
-    events = asyncio.run(go())
-    text = "".join(e.text for e in events if e.kind == "delta")
-    return text, events
-
-
-def done(events: list[AnswerEvent]) -> AnswerEvent:
-    assert events[-1].kind == "done", events[-1]
-    return events[-1]
 
 
 # -- the shared suite -----------------------------------------------------------------------------------
@@ -384,7 +320,7 @@ def test_ragqa_ask_json_says_when_the_shared_cache_answered(corpus):
         runs = [CliRunner().invoke(cli, ["ask", READ, *extra], env=env, catch_exceptions=False)
                 for extra in (["--json"], ["--json"], ["--json", "--stream"])]
     finally:
-        _flush(prefix)
+        flush_redis(prefix)
     first, second = (json.loads(r.stdout) for r in runs[:2])
     assert first["cache"] == "miss" and second["cache"] == "hit" and second["answer"] == first["answer"]
     assert json.loads(runs[2].stdout.splitlines()[-1])["cache"] == "hit"  # the streamed done event
@@ -450,4 +386,4 @@ def test_two_app_instances_share_one_redis_cache(corpus, http):
         assert first["cache"] == "miss" and on_b["cache"] == "hit" and para["cache"] == "semantic"
         assert on_b["answer"] == first["answer"] == para["answer"] and gen_a.calls == 1 and gen_b.calls == 0
     finally:
-        _flush(prefix)
+        flush_redis(prefix)

@@ -23,7 +23,7 @@ from rag.config import SourceConfig
 from rag.services import Services
 from rag.types import Filters
 from tests.conftest import make_settings
-from tests.test_cache import Counting, ask, done, new_cache  # noqa: F401 - new_cache is a fixture
+from tests.fixtures.cache import Counting, ask, done
 
 PAGES = {
     "files.md": ("Reading files", "To read a file in Python, open it with open(path) and call read() on the "

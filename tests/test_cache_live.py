@@ -28,9 +28,8 @@ from serve.app import create_app
 from tests.conftest import make_settings
 from tests.httpserver import LocalServer, serve_dir
 from tests.live import live, wait_for
-from tests.test_cache import REDIS_URL, Counting, _flush
+from tests.fixtures.cache import NO_REDIS, REDIS_URL, Counting, flush_redis
 
-NO_REDIS = "RAG_TEST_REDIS_URL is not set (scripts/test.sh starts a throwaway Redis and sets it)"
 STATUS = "What is the service status?"
 PAGES = {
     "status.html": ("Status", "The service status is green."),
@@ -134,7 +133,7 @@ def test_edits_deletions_and_new_pages_through_the_crawler_and_the_server(tmp_pa
     finally:
         services.close()
         if backend == "redis":
-            _flush(prefix)
+            flush_redis(prefix)
 
 
 @pytest.mark.skipif(not REDIS_URL, reason=NO_REDIS)
@@ -160,7 +159,7 @@ def test_servers_sharing_a_redis_cache_but_not_a_data_directory_see_each_others_
     finally:
         a.close()
         b.close()
-        _flush(prefix)
+        flush_redis(prefix)
 
 
 def _free_port() -> int:

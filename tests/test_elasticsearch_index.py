@@ -25,6 +25,7 @@ from rag.errors import BackendError, BackendTimeout, BackendUnavailable, SchemaM
 from rag.lexical import es_mapping
 from rag.lexical.elasticsearch import ElasticsearchIndex
 from tests.backend_suite import LexicalIndexSuite, make_corpus
+from tests.fixtures.elasticsearch import drop_everything
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,21 +46,14 @@ def raw(es_url: str) -> Iterator[Elasticsearch]:
     client.close()
 
 
-def _drop_everything(raw: Elasticsearch, alias: str) -> None:
-    names = list(raw.indices.get(index=f"{alias}-v*,{alias}", ignore_unavailable=True,
-                                 expand_wildcards="all"))
-    if names:
-        raw.indices.delete(index=names, ignore_unavailable=True)
-
-
 @pytest.fixture
 def alias(raw: Elasticsearch, request: pytest.FixtureRequest) -> Iterator[str]:
     """An alias named after the test; it and every ``-v*`` index are dropped before and after."""
     raw_name = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
     name = f"t_{raw_name[:80]}_{zlib.crc32(request.node.nodeid.encode()):08x}"
-    _drop_everything(raw, name)
+    drop_everything(raw, name)
     yield name
-    _drop_everything(raw, name)
+    drop_everything(raw, name)
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ import pytest
 
 pytest.importorskip("schemathesis")
 
-from tests.test_hostile_input import keyed_server  # noqa: E402
-from tests.test_serve_auth import bearer  # noqa: E402
+from tests.fixtures.keys import bearer, keyed_server  # noqa: E402
 
 CASES_PER_ROUTE = 40
 

@@ -3,7 +3,7 @@ get a 4xx in OpenAI's error shape that names the problem (or a 200 when the inpu
 fine), never a 5xx, and no other tenant's document ever appears.
 
 The server holds two tenants' notes, ``acme`` (``acme:d00.md``-``d09``) and ``globex``
-(``d10``-``d19``), and the keys of ``tests/test_serve_auth.py``.
+(``d10``-``d19``), and the keys of ``tests/fixtures/keys.py``.
 """
 
 from __future__ import annotations
@@ -17,25 +17,11 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from rag.services import Services
-from serve.app import create_app
-from tests.corpus import NEW, OLD, index_notes, question
-from tests.live import live
-from tests.test_serve_auth import auth_settings, bearer
+from tests.corpus import question
+from tests.fixtures.keys import bearer, keyed_server
 
 ACME = question(1)      # a question whose answer cites acme:d01.md
 GLOBEX = question(11)   # and one whose answer cites globex:d11.md
-
-
-def keyed_server(base) -> Iterator[SimpleNamespace]:
-    """Two tenants' notes (``acme``, ``globex``) behind a real server with the test keys."""
-    svc = index_notes(Services(auth_settings(base / "data")), base,
-                      {"acme": (range(10), OLD), "globex": (range(10, 20), NEW)}, tenants=True)
-    try:
-        with live(create_app(svc.settings, services=svc)) as url:
-            yield SimpleNamespace(url=url, services=svc)
-    finally:
-        svc.close()
 
 
 @pytest.fixture(scope="module")

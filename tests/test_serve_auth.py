@@ -11,7 +11,6 @@ import os
 import secrets
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -26,27 +25,9 @@ from rag.errors import ConfigError
 from rag.services import Services
 from serve.app import create_app
 from serve.auth import hash_key, new_key
-from tests.conftest import make_settings
 from tests.corpus import NEW, OLD, index_notes, question
+from tests.fixtures.keys import KEYS, LIMIT, auth_settings, bearer
 from tests.live import live, sse_events
-
-KEYS = {name: new_key() for name in ("admin", "acme", "globex", "limited")}
-LIMIT = 3
-
-
-def key_entries() -> list[dict[str, object]]:
-    return [
-        {"id": "ops", "hash": hash_key(KEYS["admin"]), "scopes": ["admin"]},
-        {"id": "acme-app", "hash": hash_key(KEYS["acme"]), "scopes": ["query"], "tenant": "acme"},
-        {"id": "globex-app", "hash": hash_key(KEYS["globex"]), "tenant": "globex"},
-        {"id": "metered", "hash": hash_key(KEYS["limited"]), "rate_limit_per_minute": LIMIT},
-    ]
-
-
-def auth_settings(data_dir: Path, **serve: object) -> Settings:
-    return make_settings(data_dir, generator={"backend": "extractive"}, retrieval={"mode": "hybrid"},
-                         serve={"api_keys": key_entries(), "rate_limit_per_minute": 0, **serve})
-
 
 def with_serve(settings: Settings, **update: object) -> Settings:
     return settings.model_copy(update={"serve": settings.serve.model_copy(update=update)})
@@ -72,10 +53,6 @@ def server(corpus: Services) -> Iterator[SimpleNamespace]:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=60) as c:
         yield c
-
-
-def bearer(name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
 def ask(http: httpx.Client, url: str, key: str, **body: object) -> httpx.Response:

@@ -56,11 +56,11 @@ def indexed(request, tmp_path):
     if request.param == "scaleout":
         from elasticsearch import Elasticsearch
 
-        from tests.test_elasticsearch_index import _drop_everything
+        from tests.fixtures.elasticsearch import drop_everything
 
         services.vector.drop()
         with Elasticsearch(ES_URL) as raw:
-            _drop_everything(raw, services.settings.lexical.index)
+            drop_everything(raw, services.settings.lexical.index)
     services.close()
 
 
