@@ -50,6 +50,9 @@ _WRITE_BATCH = 256
 _DELETE_BATCH = 100
 _ID_BATCH = 500
 _PAGE = 4096
+# A search or a vector fetch answers a question: a hung server costs it this long, not
+# ``timeout_s`` (30 s), before the retriever answers without the vector leg.
+QUERY_TIMEOUT_S = 5.0
 
 
 class MilvusVectorIndex(MilvusGenerations):
@@ -61,6 +64,10 @@ class MilvusVectorIndex(MilvusGenerations):
     one instead. After a crash the alias still names the complete old collection and
     :meth:`cleanup` drops the leftover (on a server, run it when no other process is
     rebuilding the same collection).
+
+    Every call waits at most ``timeout_s``; a search or a vector fetch, which a question
+    waits for, at most ``query_timeout_s`` (5 s), so a hung server fails a query fast and the
+    retriever answers from BM25.
 
     Example::
 
@@ -75,11 +82,15 @@ class MilvusVectorIndex(MilvusGenerations):
     """
 
     def __init__(self, uri: str, collection: str, dim: int, token: str | None = None,
-                 timeout_s: float = 30, *, index_type: str = "FLAT") -> None:
+                 timeout_s: float = 30, *, index_type: str = "FLAT",
+                 query_timeout_s: float = QUERY_TIMEOUT_S) -> None:
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
+        if timeout_s <= 0 or query_timeout_s <= 0:
+            raise ValueError(f"timeouts must be positive, got {timeout_s} and {query_timeout_s}")
         self.uri, self.collection, self.dim = uri, collection, dim
         self.timeout_s = timeout_s
+        self.query_timeout_s = min(query_timeout_s, timeout_s)
         self._token = token
         self._index_type = index_type
         self._client: MilvusClient | None = None
@@ -192,7 +203,7 @@ class MilvusVectorIndex(MilvusGenerations):
             result = client.search(
                 self.collection, data=[q.tolist()], filter=filter_expression(filters),
                 limit=min(k, _MAX_TOPK), output_fields=OUTPUT_FIELDS, anns_field="vector",
-                search_params={"metric_type": "IP"}, timeout=self.timeout_s,
+                search_params={"metric_type": "IP"}, timeout=self.query_timeout_s,
             )
         hits = []
         for hit in result[0]:
@@ -209,7 +220,7 @@ class MilvusVectorIndex(MilvusGenerations):
         with self._calling(f"read vectors from {self.collection!r}"):
             for i in range(0, len(ids), _ID_BATCH):
                 rows = client.query(self.collection, filter=f"id in {quoted_list(ids[i: i + _ID_BATCH])}",
-                                    output_fields=["id", "vector"], timeout=self.timeout_s)
+                                    output_fields=["id", "vector"], timeout=self.query_timeout_s)
                 out.update((r["id"], np.asarray(r["vector"], dtype=np.float32)) for r in rows)
         return out
 

@@ -86,7 +86,7 @@ class MilvusGenerations(RebuildTracking):
                 names = client.list_collections(timeout=self.timeout_s)
             physical = self._generations.next(names)
             new = type(self)(self.uri, physical, self.dim, self._token, self.timeout_s,
-                             index_type=self._index_type)
+                             index_type=self._index_type, query_timeout_s=self.query_timeout_s)
             new._origin, new._client, new._owns_client = self, client, False
             self._building.add(physical)
         try:
