@@ -26,6 +26,17 @@ def milvus_lite_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("milvus") / "milvus.db")
 
 
+SERVER_URI = os.environ.get("RAG_TEST_MILVUS_URI", "")
+ON_SERVER = [pytest.mark.integration,
+             pytest.mark.skipif(not SERVER_URI, reason="RAG_TEST_MILVUS_URI is not set")]
+
+
+@pytest.fixture(params=["lite", pytest.param("server", marks=ON_SERVER)])
+def milvus_uri(request: pytest.FixtureRequest) -> str:
+    """Milvus Lite, then the server when there is one (their expression parsers differ)."""
+    return request.getfixturevalue("milvus_lite_uri") if request.param == "lite" else SERVER_URI
+
+
 def collection_name(request: pytest.FixtureRequest) -> str:
     """A valid, unique collection name derived from the test's id."""
     raw = re.sub(r"\W", "_", f"{request.node.cls.__name__ if request.node.cls else ''}_{request.node.name}")
@@ -48,11 +59,11 @@ class TestMilvusLite(VectorIndexSuite):
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not os.environ.get("RAG_TEST_MILVUS_URI"), reason="RAG_TEST_MILVUS_URI is not set")
+@pytest.mark.skipif(not SERVER_URI, reason="RAG_TEST_MILVUS_URI is not set")
 class TestMilvusServer(VectorIndexSuite):
     @pytest.fixture
     def index(self, request: pytest.FixtureRequest):
-        yield from _index(os.environ["RAG_TEST_MILVUS_URI"], request, self.dim,
+        yield from _index(SERVER_URI, request, self.dim,
                           token=os.environ.get("RAG_TEST_MILVUS_TOKEN"))
 
 
@@ -63,20 +74,20 @@ def test_construction_connects_to_nothing() -> None:
         idx.count()
 
 
-def test_existing_collection_with_another_dimension(milvus_lite_uri: str,
+def test_existing_collection_with_another_dimension(milvus_uri: str,
                                                     request: pytest.FixtureRequest) -> None:
-    for idx in _index(milvus_lite_uri, request, 8):
+    for idx in _index(milvus_uri, request, 8):
         idx.upsert(make_corpus(2), unit_vectors(2, 8))
-        other = MilvusVectorIndex(milvus_lite_uri, idx.collection, 16)
+        other = MilvusVectorIndex(milvus_uri, idx.collection, 16)
         with pytest.raises(SchemaMismatch, match="8-dimensional"):
             other.count()
         other.close()
 
 
-def test_long_text_is_cut_at_a_character_boundary(milvus_lite_uri: str,
+def test_long_text_is_cut_at_a_character_boundary(milvus_uri: str,
                                                   request: pytest.FixtureRequest) -> None:
     text = "黑" * 30000  # 90,000 bytes of UTF-8
-    for idx in _index(milvus_lite_uri, request, 8):
+    for idx in _index(milvus_uri, request, 8):
         idx.upsert([Chunk(id="long", doc_id="d", source="s", text=text, hash="h")], unit_vectors(1, 8))
         stored = idx.search(unit_vectors(1, 8)[0], k=1)[0].chunk.text
         assert stored == "黑" * (65535 // 3)
@@ -90,11 +101,11 @@ def test_quote_escapes_what_milvus_unescapes() -> None:
     assert filter_expression(None) == "" and filter_expression(Filters()) == ""
 
 
-def test_special_characters_in_values(milvus_lite_uri: str, request: pytest.FixtureRequest) -> None:
+def test_special_characters_in_values(milvus_uri: str, request: pytest.FixtureRequest) -> None:
     odd = 'we"ird\\ \'va\nlue\t'
     chunks = [Chunk(id=odd + str(i), doc_id=odd, source=odd, text="t", hash="h", tags=(odd,), tenant=odd)
               for i in range(2)]
-    for idx in _index(milvus_lite_uri, request, 8):
+    for idx in _index(milvus_uri, request, 8):
         vectors = unit_vectors(2, 8)
         idx.upsert(chunks, vectors)
         f = Filters(source=(odd,), tags=(odd,), tenant=odd)
@@ -117,13 +128,13 @@ def test_drop_then_reuse(milvus_lite_uri: str, request: pytest.FixtureRequest, t
         assert idx.count() == 0
 
 
-def test_chunk_ids_pages_through_everything(milvus_lite_uri: str, request: pytest.FixtureRequest,
+def test_chunk_ids_pages_through_everything(milvus_uri: str, request: pytest.FixtureRequest,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import rag.vectors.milvus as milvus_module
 
     monkeypatch.setattr(milvus_module, "_PAGE", 4)
     corpus = [replace(c, id=f'id"{i:02d}\\') for i, c in enumerate(make_corpus(13))]
-    for idx in _index(milvus_lite_uri, request, 8):
+    for idx in _index(milvus_uri, request, 8):
         idx.upsert(corpus, unit_vectors(13, 8))
         assert idx.chunk_ids() == {c.id for c in corpus}
         assert idx.chunk_ids(source="docs") == {c.id for c in corpus if c.source == "docs"}
