@@ -60,6 +60,19 @@ if [[ -z "${RAG_TEST_REDIS_URL:-}" ]]; then
   fi
 fi
 
+# A Milvus 2.3 standalone server (PyPI's milvus package, in its own virtualenv) for the vector
+# suite, the rebuild tests and the vector-outage test on a server; stopped when the tests end.
+export RAGQA_MILVUS_PORT="${RAGQA_MILVUS_PORT:-19550}"
+if [[ -z "${RAG_TEST_MILVUS_URI:-}" ]]; then
+  if bash "$ROOT/scripts/milvus.sh" start; then
+    export RAG_TEST_MILVUS_URI="http://127.0.0.1:$RAGQA_MILVUS_PORT"
+    trap "bash \"$ROOT/scripts/milvus.sh\" stop || true; $(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT\$/\1/")" EXIT
+  else
+    missing "Milvus could not be started (see scripts/milvus.sh start and its log)" \
+      "its server tests will be skipped"
+  fi
+fi
+
 say "running the tests"
 set +e
 python -m pytest -p no:cacheprovider "$@"
