@@ -159,6 +159,11 @@ ANSWERS_REJECTED = Counter(
 )
 
 # The answer cache's stores (rag/cache_stores.py); lookups by result are counted by the service.
+STREAM_STORE_FALLBACKS = Counter(
+    "stream_store_fallbacks",
+    "Streams kept in a worker's memory because the stream store (Redis) was unavailable, by when: at the "
+    "start (resumable on that worker only) or mid-stream (the rest of the events on that worker).",
+    ["when"], registry=REGISTRY)
 CACHE_DROPPED = Counter(
     "answer_cache_dropped",
     "Cached answers dropped because a reindex changed or removed text they were built from, or a purge.",

@@ -115,8 +115,12 @@ def sse_response(state: AppState, stream_id: str, after: int = 0, *, ping: bool 
         async for event in state.streams.follow(stream_id, after):
             yield ServerSentEvent(data=event.data, event=event.event, id=f"{stream_id}:{event.seq}")
 
+    # X-Stream-Store: redis (resumable on any worker or instance), or local (on this worker only:
+    # no Redis configured, or Redis was unavailable when the stream started).
+    is_local = getattr(state.streams.store, "is_local", None)
+    where = "redis" if is_local is not None and not is_local(stream_id) else "local"
     return EventSourceResponse(events(), ping=None if ping else 86_400, sep="\n",
-                               headers={"X-Stream-Id": stream_id, "Cache-Control": "no-store"})
+                               headers={"X-Stream-Id": stream_id, "X-Stream-Store": where, "Cache-Control": "no-store"})
 
 
 async def resume(state: AppState, last_event_id: str, kind: str | None, caller: Caller) -> EventSourceResponse:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import time
 import weakref
@@ -37,12 +38,16 @@ from typing import Any, TypeVar
 
 from rag.config import ServeSettings
 from rag.errors import BackendUnavailable
+from rag.metrics import STREAM_STORE_FALLBACKS
 from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamEvent, StreamInfo, StreamStore
 
-__all__ = ["RedisStreamStore", "make_stream_store"]
+__all__ = ["FallbackStreamStore", "RedisStreamStore", "make_stream_store"]
 
+log = logging.getLogger("ragqa.serve.streams")
 T = TypeVar("T")
+_TIMEOUT_S = 2.0
+_RETRY_S = 1.0  # after a failure, streams start in memory for this long before Redis is tried again
 
 # KEYS: meta, events. ARGV: data, event name ('' for none), retention (ms), now.
 _APPEND = """
@@ -108,7 +113,10 @@ class RedisStreamStore:
         if found is None:
             import redis.asyncio as aioredis
 
-            client = aioredis.from_url(self.url, decode_responses=True)
+            # A hung Redis must not hang a stream: every call but a blocking read (at most
+            # wait_s, 1 s) answers within a few seconds or fails over (FallbackStreamStore).
+            client = aioredis.from_url(self.url, decode_responses=True, socket_connect_timeout=_TIMEOUT_S,
+                                       socket_timeout=_TIMEOUT_S + 1.0)
             scripts = {name: client.register_script(src)
                        for name, src in (("append", _APPEND), ("finish", _FINISH), ("read", _READ))}
             found = self._clients[loop] = (client, scripts)
@@ -226,8 +234,111 @@ for _name in ("create", "append", "finish", "read_after", "info"):
     setattr(RedisStreamStore, _name, _unavailable(getattr(RedisStreamStore, _name)))
 
 
+class FallbackStreamStore:
+    """Redis, and this worker's memory for the streams Redis cannot take: an answer still streams
+    when Redis is down, and the response says what is lost.
+
+    Each stream written here is also kept in this worker's memory while it is written (events
+    are small; the copy is dropped when the stream finishes in Redis). So:
+
+    - Redis unavailable when a stream starts: the stream lives in this worker's memory. It can
+      be resumed on this worker only, and its response has ``X-Stream-Store: local``.
+    - Redis lost in the middle of a stream: the stream goes on in memory, and readers on this
+      worker read on with no gap. A reader on another worker or instance gets a 503 naming the
+      stream store, and its stream in Redis is left unfinished (it expires after
+      ``stream_retention_s``).
+    - After a failure, new streams start in memory for ``_RETRY_S``, then Redis is tried again.
+      ``stream_store_fallbacks_total{when}`` counts both cases.
+    """
+
+    def __init__(self, redis: RedisStreamStore, local: MemoryStreamStore) -> None:
+        self.redis, self.local = redis, local
+        self._local: set[str] = set()  # streams that live in this worker's memory
+        self._writing: set[str] = set()  # Redis streams written here (with a copy in memory)
+        self._retry_at = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    def is_local(self, stream_id: str) -> bool:
+        return stream_id in self._local
+
+    def _failed(self, when: str, exc: Exception) -> None:
+        self._retry_at = time.monotonic() + _RETRY_S
+        STREAM_STORE_FALLBACKS.labels(when).inc()
+        log.warning("stream store unavailable (%s); streams stay in this worker's memory: %s", when, exc)
+
+    async def create(self, stream_id: str, kind: str, owner: str | None = None) -> None:
+        await self.local.create(stream_id, kind, owner)
+        if time.monotonic() >= self._retry_at:
+            try:
+                await self.redis.create(stream_id, kind, owner)
+                self._writing.add(stream_id)
+                return
+            except BackendUnavailable as exc:
+                self._failed("start", exc)
+        else:
+            STREAM_STORE_FALLBACKS.labels("start").inc()
+        self._local.add(stream_id)
+
+    async def append(self, stream_id: str, data: str, event: str | None = None) -> int:
+        seq = await self.local.append(stream_id, data, event)
+        if stream_id in self._writing:
+            try:
+                await self.redis.append(stream_id, data, event)
+            except BackendUnavailable as exc:
+                self._failed("mid-stream", exc)
+                self._writing.discard(stream_id)
+                self._local.add(stream_id)
+        return seq
+
+    async def finish(self, stream_id: str) -> None:
+        await self.local.finish(stream_id)
+        if stream_id in self._writing:
+            self._writing.discard(stream_id)
+            try:
+                await self.redis.finish(stream_id)
+            except BackendUnavailable as exc:
+                self._failed("mid-stream", exc)
+                self._local.add(stream_id)
+                return
+            self.local.drop(stream_id)
+
+    async def read_after(self, stream_id: str, after: int, wait_s: float) -> tuple[list[StreamEvent], bool]:
+        if stream_id in self._local:
+            return await self.local.read_after(stream_id, after, wait_s)
+        try:
+            return await self.redis.read_after(stream_id, after, wait_s)
+        except BackendUnavailable:
+            if stream_id in self._writing or stream_id in self._local:  # written here: the copy has it all
+                return await self.local.read_after(stream_id, after, wait_s)
+            raise
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        if stream_id in self._local:
+            info = await self.local.info(stream_id)
+            if info is None:
+                self._local.discard(stream_id)  # expired from memory
+            return info
+        try:
+            return await self.redis.info(stream_id)
+        except BackendUnavailable:
+            if stream_id in self._writing:
+                return await self.local.info(stream_id)
+            raise
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        return await self.redis.ping()
+
+
 def make_stream_store(serve: ServeSettings) -> StreamStore:
-    """The store ``serve`` asks for: Redis when ``serve.redis_url`` is set, else this process's memory."""
+    """The store ``serve`` asks for: Redis (with this worker's memory when Redis is down) when
+    ``serve.redis_url`` is set, else this process's memory."""
     if serve.redis_url:
-        return RedisStreamStore(serve.redis_url, serve.stream_retention_s)
+        return FallbackStreamStore(RedisStreamStore(serve.redis_url, serve.stream_retention_s),
+                                   MemoryStreamStore(serve.stream_retention_s))
     return MemoryStreamStore(serve.stream_retention_s)

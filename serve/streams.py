@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from rag.errors import BackendUnavailable
 from serve.errors import NotFound
 
 __all__ = ["Out", "StreamEvent", "StreamInfo", "StreamStore", "MemoryStreamStore", "StreamManager",
@@ -162,6 +163,10 @@ class MemoryStreamStore:
             return None
         return StreamInfo(s.kind, s.owner, len(s.events), s.finished, s.last_seen)
 
+    def drop(self, stream_id: str) -> None:
+        """Forget a stream now (a copy kept only while it was written)."""
+        self._streams.pop(stream_id, None)
+
 
 def parse_event_id(value: str) -> tuple[str, int]:
     """``"<stream_id>:<seq>"`` -> ``(stream_id, seq)``; a bare stream id means from the start."""
@@ -259,7 +264,10 @@ class StreamManager:
     async def _watch(self, stream_id: str, task: asyncio.Task[None]) -> None:
         while True:
             await asyncio.sleep(self.poll_s)
-            info = await self.store.info(stream_id)
+            try:
+                info = await self.store.info(stream_id)
+            except BackendUnavailable:
+                continue  # Redis is down: no heartbeat can be read, so none counts as absence
             if info is None or info.finished:
                 return
             if self._readers.get(stream_id):  # connected here: a busy loop is no absence

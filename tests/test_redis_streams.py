@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from rag.answer import Answerer
+from rag.metrics import REGISTRY
 from rag.services import Services
 from serve.app import create_app
 from serve.errors import NotFound
@@ -219,7 +220,7 @@ async def _close(store: StreamStore) -> None:
 def finished(state, stream_id: str) -> bool:  # state: an app's AppState; read with a client of our own
     import redis
 
-    meta = state.streams.store._keys(stream_id)[0]
+    meta = state.streams.store.redis._keys(stream_id)[0]
     with redis.Redis.from_url(REDIS_URL, decode_responses=True) as client:
         return client.hget(meta, "finished") == "1"
 
@@ -320,18 +321,66 @@ def test_an_unknown_stream_is_404_on_either_server(pair, http):
 
 
 
-def test_a_stream_store_that_is_down_is_a_503_before_the_stream_starts(corpus, http):
-    """Redis unreachable: a streamed request gets a JSON 503 (no hung request); plain answers still work."""
+def fallbacks(when: str) -> float:
+    return REGISTRY.get_sample_value("stream_store_fallbacks_total", {"when": when}) or 0.0
+
+
+def test_with_redis_down_a_stream_runs_in_this_workers_memory_and_says_so(corpus, http):
+    """Redis unreachable: streamed answers still stream, whole, from this worker's memory, with
+    ``X-Stream-Store: local`` (resumable here only); what Redis held is a clear 503."""
     settings = corpus.settings.model_copy(update={
         "serve": corpus.settings.serve.model_copy(update={"redis_url": "redis://:secret@127.0.0.1:9/0"}),
         "cache": corpus.settings.cache.model_copy(update={"backend": "off"})})
+    before = fallbacks("start")
     with live(create_app(settings, services=corpus)) as url:
-        r = http.post(f"{url}/v1/ask", json={"question": question(2), "stream": True})
+        with http.stream("POST", f"{url}/v1/ask", json={"question": question(2), "stream": True}) as r:
+            assert r.status_code == 200 and r.headers["x-stream-store"] == "local"
+            events = list(sse_events(r.iter_lines()))
+            stream_id = r.headers["x-stream-id"]
+        assert events[-1]["event"] == "done" and question(2) in json.loads(events[-1]["data"])["answer"]
+        with http.stream("GET", f"{url}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:2"}) as r:
+            assert r.status_code == 200 and [e["id"] for e in sse_events(r.iter_lines())] == [
+                e["id"] for e in events[2:]]
+        with http.stream("POST", f"{url}/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": question(4)}], "stream": True}) as r:
+            assert r.status_code == 200 and list(sse_events(r.iter_lines()))[-1]["data"] == "[DONE]"
+        r = http.get(f"{url}/v1/streams/abc", headers={"Last-Event-ID": "abc:1"})  # might be in Redis
         assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"
         assert "stream store" in r.json()["error"]["message"] and "secret" not in r.json()["error"]["message"]
-        r = http.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "q"}],
-                                                         "stream": True})
-        assert r.status_code == 503
-        r = http.get(f"{url}/v1/streams/abc", headers={"Last-Event-ID": "abc:1"})
-        assert r.status_code == 503
-        assert http.post(f"{url}/v1/ask", json={"question": question(2)}).status_code == 200
+    assert fallbacks("start") >= before + 2
+
+
+def test_redis_lost_mid_stream_the_stream_ends_whole_on_this_worker(corpus, gen, knobs, http):
+    """Redis goes away (a proxy in front of a real one starts refusing) after two events: the
+    reader here gets the rest, numbered on with no gap; another instance says where they are."""
+    if not REDIS_URL:
+        pytest.skip("RAG_TEST_REDIS_URL is not set (scripts/test.sh starts a throwaway Redis and sets it)")
+    from urllib.parse import urlsplit
+
+    from tests.faultproxy import FaultProxy
+
+    target = urlsplit(REDIS_URL)
+    with FaultProxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
+        settings = corpus.settings.model_copy(update={
+            "serve": corpus.settings.serve.model_copy(update={"redis_url": f"redis://127.0.0.1:{proxy.port}/0"}),
+            "cache": corpus.settings.cache.model_copy(update={"backend": "off"})})
+        before = fallbacks("mid-stream")
+        with live(create_app(settings, services=corpus, answerer=Answerer(corpus, generator=gen))) as url_a, \
+                live(create_app(settings, services=corpus, answerer=Answerer(corpus, generator=gen))) as url_b:
+            knobs.hold_at = 2
+            with http.stream("POST", f"{url_a}/v1/ask", json={"question": question(6), "stream": True}) as r:
+                assert r.headers["x-stream-store"] == "redis"
+                stream_id = r.headers["x-stream-id"]
+                lines = r.iter_lines()
+                events = sse_events(lines)
+                head = [next(events), next(events)]
+                proxy.set("refuse")
+                knobs.gate.set()
+                rest = list(events)
+            union = head + rest
+            assert [e["id"] for e in union] == [f"{stream_id}:{i}" for i in range(1, len(union) + 1)]
+            assert union[-1]["event"] == "done" and question(6) in json.loads(union[-1]["data"])["answer"]
+            assert fallbacks("mid-stream") == before + 1
+            r = http.get(f"{url_b}/v1/streams/{stream_id}", headers={"Last-Event-ID": f"{stream_id}:1"})
+            assert r.status_code == 503 and "stream store" in r.json()["error"]["message"]
+            proxy.set("pass")
