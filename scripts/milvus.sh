@@ -149,9 +149,7 @@ leftovers() {
   pid="$(cat "$PIDFILE" 2>/dev/null || true)"
   {
     [[ "$pid" =~ ^[0-9]+$ ]] && ps -o pid= -s "$pid" 2>/dev/null
-    for exe in /proc/[0-9]*/exe; do
-      [[ "$(readlink "$exe" 2>/dev/null)" == "$DATA/bin/"* ]] && basename "$(dirname "$exe")"
-    done
+    find /proc/[0-9]*/exe -maxdepth 0 -lname "$DATA/bin/*" 2>/dev/null | cut -d/ -f3
   } | tr -d ' ' | sort -u | grep -v '^$' || true
 }
 
