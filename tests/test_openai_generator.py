@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from rag.errors import BackendUnavailable, GeneratorError
+from rag.errors import BackendTimeout, BackendUnavailable, GeneratorError
 from rag.generators.openai_server import OpenAIGenerator
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
@@ -77,6 +78,9 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             script.bodies.append(body)
             script.auth.append(self.headers.get("Authorization"))
             step = script.next()
+            if step == "stall":  # accepts the request, then says nothing
+                time.sleep(2)
+                return self._error(503, "too late")
             if step.isdigit():
                 return self._error(int(step), f"scripted {step}: the prompt is too long")
             self.send_response(200)
@@ -197,3 +201,12 @@ def test_a_refused_key_is_backend_unavailable(server):
     script.models_status = 401
     with pytest.raises(BackendUnavailable, match=r"refused the API key \(HTTP 401\)"):
         run(url, model="m", api_key="wrong")
+
+
+def test_a_server_that_says_nothing_is_a_backend_timeout(server):
+    url, script = server
+    script.plan = ["stall"]
+    began = time.monotonic()
+    with pytest.raises(BackendTimeout, match=r"sent nothing in 0.5 s"):
+        run(url, model="m", timeout_s=0.5, connect_retries=0)
+    assert time.monotonic() - began < 2
