@@ -441,6 +441,13 @@ class ServeSettings(BaseModel):
         "auto: as many as max_in_flight (a deeper queue only makes the accepted answers wait: "
         "bench/RESULTS-overload.md)."))
     retry_after_s: float = Field(default=2.0, gt=0, description="The Retry-After of an overload 503.")
+    max_in_flight_global: int | None = Field(default=None, ge=1, description=(
+        "Answers generated at once across every worker and instance that share serve.redis_url (a lease in "
+        "Redis per answer, on top of each worker's max_in_flight); past it a 503 at once. Size it to what the "
+        "shared generator serves (a vLLM server's batch). null: no global bound. With Redis down, each worker's "
+        "own bound still holds."))
+    admission_lease_s: float = Field(default=300.0, gt=0, description=(
+        "A global answer slot whose worker died is freed after this long."))
 
     @field_validator("max_in_flight", "max_queued")
     @classmethod
@@ -463,6 +470,12 @@ class ServeSettings(BaseModel):
         "'{pid}' becomes the process id: rotation is per process, so give each worker its own file.")
     qa_log_max_bytes: int = Field(default=10_000_000, ge=1024, description="Rotate the QA log at this size.")
     qa_log_backups: int = Field(default=5, ge=1, le=1000, description="Rotated QA log files kept (qa.jsonl.1, ...).")
+
+    @model_validator(mode="after")
+    def _global_needs_redis(self) -> ServeSettings:
+        if self.max_in_flight_global is not None and not self.redis_url:
+            raise ValueError("serve.max_in_flight_global needs serve.redis_url (the workers share the bound there)")
+        return self
 
     @model_validator(mode="after")
     def _unique_keys(self) -> ServeSettings:

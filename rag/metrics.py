@@ -157,6 +157,18 @@ ANSWERS_REJECTED = Counter(
     "Questions refused with 503 because every answer slot was taken and the queue was full.",
     registry=REGISTRY,
 )
+ANSWERS_REJECTED_GLOBAL = Counter(
+    "answers_rejected_global",
+    "Questions refused with 503 because serve.max_in_flight_global answers were being generated across "
+    "every worker and instance.",
+    registry=REGISTRY,
+)
+ADMISSION_GLOBAL_SKIPPED = Counter(
+    "admission_global_skipped",
+    "Answers admitted without the global bound because its Redis was unreachable (each worker's own bound "
+    "still held).",
+    registry=REGISTRY,
+)
 
 # The answer cache's stores (rag/cache_stores.py); lookups by result are counted by the service.
 STREAM_STORE_FALLBACKS = Counter(

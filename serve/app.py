@@ -82,6 +82,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await state.gate.aclose()
             if hasattr(state.streams.store, "aclose"):  # the Redis store's connections
                 await state.streams.store.aclose()
+            if answerer.admission is not None and answerer.admission.global_slots is not None:
+                await answerer.admission.global_slots.aclose()
             await answerer.close()
             if state.qa_log is not None:
                 state.qa_log.close()
