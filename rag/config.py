@@ -462,8 +462,12 @@ class ServeSettings(BaseModel):
     disconnect_grace_s: float = Field(
         default=30, gt=0, description="Abort a generation whose client has been gone this long.")
     redis_url: str | None = Field(
-        default=None, description="redis://host:6379/0: keep streams in Redis, so a client resumes on any worker "
-        "or instance (and the answer cache's default Redis); default: this process's memory.")
+        default=None, description="redis://host:6379/0: keep streams and /v1/ask conversations in Redis, so a "
+        "client resumes or continues on any worker or instance (and the answer cache's default Redis); default: "
+        "this process's memory.")
+    conversation_ttl_s: float = Field(default=86_400.0, gt=0, description=(
+        "With serve.redis_url: a /v1/ask conversation is kept this long after its last turn (in memory: the "
+        "10,000 most recently used)."))
     qa_log: bool = Field(default=True, description="Log each question and answer as a JSON line (secrets redacted).")
     qa_log_path: Path | None = Field(
         default=None, description="Where; default <data_dir>/logs/qa.jsonl (qa-{pid}.jsonl with several workers). "

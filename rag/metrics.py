@@ -171,6 +171,10 @@ ADMISSION_GLOBAL_SKIPPED = Counter(
 )
 
 # The answer cache's stores (rag/cache_stores.py); lookups by result are counted by the service.
+CONVERSATION_STORE_FALLBACKS = Counter(
+    "conversation_store_fallbacks",
+    "Conversation reads or writes served from the worker's own copy because Redis was unavailable.",
+    ["op"], registry=REGISTRY)
 STREAM_STORE_FALLBACKS = Counter(
     "stream_store_fallbacks",
     "Streams kept in a worker's memory because the stream store (Redis) was unavailable, by when: at the "

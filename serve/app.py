@@ -30,7 +30,7 @@ from rag.config import Settings
 from rag.errors import RagError
 from rag.services import Services
 from serve.auth import Gate, check_exposure
-from serve.conversations import Conversations
+from serve.conversations import make_conversations
 from serve.deps import AppState, GeneratorHealth
 from serve.errors import install_handlers
 from serve.limits import BodyLimit
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         answerer.admission = admission_for(settings)
     state = AppState(settings=settings, services=services, answerer=answerer,
                      streams=StreamManager(make_stream_store(serve), serve.disconnect_grace_s),
-                     conversations=Conversations(), gate=Gate(serve))
+                     conversations=make_conversations(serve), gate=Gate(serve))
     state.qa_log = QALog.from_settings(settings)  # None when serve.qa_log is off
 
     @contextlib.asynccontextmanager
@@ -82,6 +82,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await state.gate.aclose()
             if hasattr(state.streams.store, "aclose"):  # the Redis store's connections
                 await state.streams.store.aclose()
+            if hasattr(state.conversations, "aclose"):
+                await state.conversations.aclose()
             if answerer.admission is not None and answerer.admission.global_slots is not None:
                 await answerer.admission.global_slots.aclose()
             await answerer.close()

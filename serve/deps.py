@@ -23,7 +23,7 @@ from rag.answer import Answerer
 from rag.config import Settings
 from rag.services import Services
 from rag.types import Filters
-from serve.conversations import Conversations
+from serve.conversations import ConversationStore
 from serve.errors import Forbidden
 from serve.streams import StreamManager
 
@@ -48,7 +48,7 @@ class AppState:
     services: Services
     answerer: Answerer
     streams: StreamManager
-    conversations: Conversations
+    conversations: ConversationStore
     gate: Gate
     generator: GeneratorHealth = field(default_factory=GeneratorHealth)
     qa_log: QALog | None = None  # serve.qa_log: the question-and-answer log

@@ -14,7 +14,7 @@ after it ended.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -71,7 +71,7 @@ def _out(event: str, data: Any) -> Out:
 class AskRenderer:
     """Turns answer events into the native route's named SSE events."""
 
-    def __init__(self, conversation_id: str, on_done: Callable[[str], None]) -> None:
+    def __init__(self, conversation_id: str, on_done: Callable[[str], Awaitable[None]]) -> None:
         self.conversation_id, self.on_done = conversation_id, on_done
 
     async def events(self, answer: AsyncIterator[AnswerEvent]) -> AsyncIterator[Out]:
@@ -86,7 +86,7 @@ class AskRenderer:
                 yield _out("delta", {"text": event.text})
             elif event.kind == "done":
                 text = "".join(parts).strip()
-                self.on_done(text)
+                await self.on_done(text)
                 yield _out("done", _response(text, event, self.conversation_id).model_dump(mode="json"))
             elif event.kind == "error":
                 for out in self.error(event.error or "generation failed", "generator_error"):
@@ -109,12 +109,12 @@ async def ask(body: AskRequest, request: Request, state: State, caller: QueryCal
     filters = body.filters.parse("filters") if body.filters else Filters()
     conversation_id = body.conversation_id or state.conversations.new_id()
     answer = observed("ask", state, state.answerer.stream(
-        body.question, history=state.conversations.history(conversation_id, caller.key_id),
+        body.question, history=await state.conversations.history(conversation_id, caller.key_id),
         filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache),
         question=body.question, caller=caller.key_id, conversation_id=conversation_id, stream=body.stream)
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
-        state.conversations.add(conversation_id, body.question, result.text, caller.key_id)
+        await state.conversations.add(conversation_id, body.question, result.text, caller.key_id)
         return _response(result.text, result.done, conversation_id)
     renderer = AskRenderer(conversation_id, lambda text: state.conversations.add(
         conversation_id, body.question, text, caller.key_id))

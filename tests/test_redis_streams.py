@@ -22,6 +22,7 @@ from rag.answer import Answerer
 from rag.metrics import REGISTRY
 from rag.services import Services
 from serve.app import create_app
+from serve.conversations import RedisConversations
 from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamStore
 from tests.corpus import question
@@ -312,6 +313,40 @@ def test_a_client_gone_from_both_servers_has_its_generation_aborted(pair, knobs,
         tail = list(sse_events(r.iter_lines()))
     assert [e["id"] for e in head + tail] == [f"{stream_id}:{i}" for i in range(1, len(tail) + 3)]
     assert json.loads(tail[-2]["data"])["error"]["code"] == "aborted" and tail[-1]["data"] == "[DONE]"
+
+
+def test_a_conversation_goes_on_across_instances_and_is_kept_per_key(pair, http):
+    """``/v1/ask`` conversations live in Redis: the second turn, asked on B, continues the one
+    started on A, and B's third turn sees both."""
+    url_a, url_b, state_a = pair
+    first = http.post(f"{url_a}/v1/ask", json={"question": question(11)}).json()
+    cid = first["conversation_id"]
+    second = http.post(f"{url_b}/v1/ask", json={"question": question(12), "conversation_id": cid})
+    assert second.status_code == 200 and second.json()["conversation_id"] == cid
+
+    async def read(owner: str | None) -> list[dict[str, str]]:  # as any instance reads it
+        store = RedisConversations(REDIS_URL)
+        try:
+            return await store.history(cid, owner)
+        finally:
+            await store.aclose()
+
+    turns = asyncio.run(read(None))
+    assert [t["content"] for t in turns] == [question(11), first["answer"], question(12), second.json()["answer"]]
+    assert asyncio.run(read("another-key")) == []
+
+
+def test_with_redis_down_a_conversation_goes_on_from_the_workers_copy():
+    async def scenario() -> None:
+        store = RedisConversations("redis://127.0.0.1:9/0")
+        before = REGISTRY.get_sample_value("conversation_store_fallbacks_total", {"op": "write"}) or 0.0
+        await store.add("conv-x", "first question", "first answer", "key-a")
+        assert [t["content"] for t in await store.history("conv-x", "key-a")] == ["first question", "first answer"]
+        assert await store.history("conv-x", "key-b") == []
+        assert REGISTRY.get_sample_value("conversation_store_fallbacks_total", {"op": "write"}) == before + 1
+        await store.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_an_unknown_stream_is_404_on_either_server(pair, http):

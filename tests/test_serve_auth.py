@@ -6,6 +6,8 @@ keys are real ones, made as ``ragqa keys create`` makes them and configured by t
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import os
 import secrets
@@ -197,9 +199,9 @@ def test_a_conversation_belongs_to_its_key(server, http):
     other = ask(http, server.url, "globex", question=question(15), conversation_id=cid)
     assert other.status_code == 200 and other.json()["conversation_id"] == cid
     conversations = server.state.conversations
-    acme_turns = conversations.history(cid, "acme-app")
+    acme_turns = asyncio.run(conversations.history(cid, "acme-app"))
     assert [t["content"] for t in acme_turns] == [question(7), first["answer"]]  # globex's turn is not in it
-    assert conversations.history(cid, "globex-app")[0]["content"] == question(15)
+    assert asyncio.run(conversations.history(cid, "globex-app"))[0]["content"] == question(15)
 
 
 # -- rate limits ----------------------------------------------------------------------------
