@@ -4,14 +4,17 @@
 # once per embedder. Then: python evals/render_answers.py OUT/*/
 #
 #   source ~/.cache/ragqa/venv/bin/activate
-#   evals/run_answers.sh [OUT] [RUN...]     # RUN: see RUNS below; default all
+#   DATA=<datasets> evals/run_answers.sh [OUT] [RUN...]   # RUN: see RUNS below; default all
+#                                                         # (DATA only for the rgb-zh runs)
 #
 # LIMIT_S (default: none) stops each run after that many seconds; a stopped run keeps the
 # questions it finished (rows are written as they come) and the same command resumes it.
 set -euo pipefail
 
 main() {
-DATA="${DATA:-/work/shared/data}"
+# DATA: the folder holding rgb-zh-dev (evals/README.md says where it comes from and under which
+# license), needed by the rgb-zh runs only; the XQuAD sets are in tests/data.
+DATA="${DATA:-}"
 OUT="${1:-/tmp/ragqa-answers}"
 shift || true
 mkdir -p "$OUT"
@@ -81,6 +84,12 @@ ORDER=(xquad-en-extractive xquad-zh-extractive rgb-zh-extractive xquad-en-qwen x
        xquad-en-new xquad-zh-new xquad-en-old xquad-zh-old xquad-en-q05 xquad-zh-q05 xquad-en-c2 xquad-zh-c2
        xquad-en-noshots xquad-zh-noshots)
 [[ $# -gt 0 ]] && ORDER=("$@")
+for name in "${ORDER[@]}"; do
+  [[ -n "${RUNS[$name]:-}" ]] || { echo "run_answers.sh: unknown run $name" >&2; exit 2; }
+  if [[ "$name" == rgb-* && ! -d "$DATA/rgb-zh-dev" ]]; then
+    echo "run_answers.sh: $name needs DATA=<folder holding rgb-zh-dev> (evals/README.md)" >&2; exit 2
+  fi
+done
 
 for name in "${ORDER[@]}"; do
   read -r dataset limit abstain env <<<"${RUNS[$name]}"
