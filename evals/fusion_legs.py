@@ -4,9 +4,9 @@ One ingest per (set, embedder); then, per query, the BM25 and the vector top ``-
 chunks with their scores and documents. ``evals/fit_fusion.py`` replays fusion rules on
 these files without touching an index, so a rule is tried on every set in seconds.
 
-Example::
+Example (DATA: the datasets folder of evals/README.md)::
 
-    python evals/fusion_legs.py /work/shared/data/cranfield-dev --embedder sentence-transformers \\
+    python evals/fusion_legs.py "$DATA/cranfield-dev" --embedder sentence-transformers \\
         --out /tmp/legs/cranfield-st.json --data-dir /tmp/legs/cranfield-st
 """
 
