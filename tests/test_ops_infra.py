@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.settings_env import setting_path_exists
+
 INFRA = Path(__file__).resolve().parent.parent / "infra"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (scripts/test.sh installs "
@@ -115,27 +117,6 @@ def test_compose_file_follows_the_compose_specification():
 def test_compose_refuses_to_start_without_its_secrets():
     with pytest.raises(AssertionError, match="ELASTIC_PASSWORD"):
         compose({k: v for k, v in TEST_VALUES.items() if k != "ELASTIC_PASSWORD"})
-
-
-def setting_path_exists(name: str) -> bool:
-    """Whether RAG_A__B names a field of Settings (nested with ``__``); pydantic-settings would
-    silently ignore one that does not."""
-    from pydantic import BaseModel
-
-    from rag.config import Settings
-
-    model: type[BaseModel] = Settings
-    parts = name.removeprefix("RAG_").lower().split("__")
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            return False
-        if i < len(parts) - 1:
-            inner = field.annotation
-            if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
-                return False
-            model = inner
-    return True
 
 
 @pytest.mark.parametrize("service", ["ragqa-api", "ragqa-scheduler"])

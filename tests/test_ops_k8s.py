@@ -1,0 +1,277 @@
+"""The Kubernetes manifests in infra/k8s/, checked offline by real tools: each kustomization is
+rendered by kustomize (the standalone binary, or the one built into kubectl), every rendered
+object is validated against its kind's Kubernetes 1.33 JSON schema (standalone-strict, shipped
+in infra/schemas/k8s), and the environment of the ragqa containers is loaded into ragqa's
+Settings. The other checks are the ones a reviewer would make by eye: probes on the right
+paths, one scheduler, tensor parallelism matching the GPUs, the autoscaler's metric served."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.settings_env import setting_path_exists
+
+INFRA = Path(__file__).resolve().parent.parent / "infra"
+K8S = INFRA / "k8s"
+SCHEMAS = INFRA / "schemas" / "k8s"
+KUSTOMIZATIONS = ["base", "overlays/production"]
+
+
+def kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    built = Path.home() / ".cache/ragqa/bin/kustomize"  # scripts/env.sh's ensure_kustomize
+    if built.is_file():
+        return [str(built), "build"]
+    if shutil.which("kubectl"):  # kubectl kustomize renders locally; no cluster is involved
+        return ["kubectl", "kustomize"]
+    return None
+
+
+KUSTOMIZE = kustomize_command()
+pytestmark = pytest.mark.skipif(KUSTOMIZE is None, reason="neither kustomize nor kubectl is installed "
+                                "(scripts/test.sh builds kustomize from the Go module proxy)")
+# The values of the secret's keys; Kubernetes refuses to start a container whose secret key is
+# missing (unless optional), as compose refuses a ${VAR:?} that is unset.
+SECRETS = {("ragqa-secrets", "elastic-password"): "es-secret",
+           ("ragqa-secrets", "api-keys"): '[{"id": "ops", "hash": "sha256:' + "0" * 64 + '", "scopes": ["admin"]}]',
+           ("ragqa-secrets", "hf-token"): ""}
+
+
+@cache
+def render(kustomization: str) -> tuple[dict[str, Any], ...]:
+    import yaml
+
+    run = subprocess.run([*KUSTOMIZE, str(K8S / kustomization)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    return tuple(d for d in yaml.safe_load_all(run.stdout) if d)
+
+
+def objects(kustomization: str, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in render(kustomization) if o["kind"] == kind}
+
+
+def deployment(kustomization: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Deployment and its one container."""
+    dep = objects(kustomization, "Deployment")[name]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return dep, container
+
+
+@cache
+def validator(kind: str, api_version: str):  # noqa: ANN201 - a jsonschema validator
+    import jsonschema
+
+    group, _, version = api_version.rpartition("/")
+    name = "-".join(p for p in (kind.lower(), group.split(".")[0], version) if p)
+    path = SCHEMAS / f"{name}.json"
+    assert path.is_file(), f"no schema for {kind} {api_version}: add {name} to scripts/k8s_schemas.py and run it"
+    schema = json.loads(path.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def violations(doc: dict[str, Any]) -> list[str]:
+    """What the schema of ``doc``'s kind finds wrong with it, one line each (a ValidationError's
+    own text carries the whole schema, half a megabyte for a Deployment)."""
+    where = f"{doc['kind']}/{doc['metadata']['name']}"
+    return [f"{where} at {'.'.join(map(str, e.absolute_path)) or '/'}: {e.message[:300]}"
+            for e in validator(doc["kind"], doc["apiVersion"]).iter_errors(doc)]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_rendered_object_follows_its_kubernetes_schema(kustomization):
+    docs = render(kustomization)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "PersistentVolumeClaim"} <= kinds
+    found = [v for doc in docs for v in violations(doc)]
+    assert not found, "\n".join(found)
+    images = [c["image"] for d in objects(kustomization, "Deployment").values()
+              for c in d["spec"]["template"]["spec"]["containers"]]
+    assert all(re.search(r":[\w.-]+$", i) for i in images if i != "ragqa"), images  # pinned tags
+    if kustomization != "base":  # an overlay names the real ragqa image
+        assert "ragqa" not in images and {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} \
+            == {"ragqa"}
+
+
+def test_the_schemas_reject_a_broken_object():
+    dep = json.loads(json.dumps(deployment("base", "ragqa-api")[0]))
+    assert violations(dep) == []
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")  # a misspelt field (strict schemas)
+    dep["spec"]["replicas"] = "two"
+    found = violations(dep)
+    assert any("spec.template.spec.containers.0" in v and "'readinesProbe' was unexpected" in v for v in found), found
+    assert any("spec.replicas" in v and "'two'" in v for v in found), found
+
+
+def selects(selector: dict[str, str], dep: dict[str, Any]) -> bool:
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def service_port(kustomization: str, service: str, dep_name: str) -> int:
+    """The Service's port, after checking that it selects the Deployment's pods and that its
+    targetPort is one of the container's ports."""
+    svc = objects(kustomization, "Service")[service]
+    dep, container = deployment(kustomization, dep_name)
+    assert selects(svc["spec"]["selector"], dep)
+    (port,) = svc["spec"]["ports"]
+    assert port["targetPort"] in {p.get("name") for p in container["ports"]} | {p["containerPort"]
+                                                                                for p in container["ports"]}
+    return port["port"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_api_is_probed_on_ready_and_health_and_has_resources(kustomization):
+    dep, api = deployment(kustomization, "ragqa-api")
+    assert api["command"][:2] == ["ragqa", "serve"] and "0.0.0.0" in api["command"]
+    port = api["command"][api["command"].index("--port") + 1]
+    assert [p["containerPort"] for p in api["ports"]] == [int(port)]
+    assert api["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/health"
+    for res in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(api["resources"][res])
+    assert service_port(kustomization, "ragqa-api", "ragqa-api") == 8000
+    (pdb,) = objects(kustomization, "PodDisruptionBudget").values()
+    assert selects(pdb["spec"]["selector"]["matchLabels"], dep)
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] in objects(kustomization, "PersistentVolumeClaim")
+    pvc = objects(kustomization, "PersistentVolumeClaim")["ragqa-data"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # every API pod and the scheduler share it
+
+
+def adapter_metrics() -> dict[str, tuple[str, str]]:
+    """The custom metrics the Prometheus adapter's rules serve: name -> (series, query)."""
+    import yaml
+
+    rules = yaml.safe_load((K8S / "prometheus-adapter.yaml").read_text())["rules"]["custom"]
+    out = {}
+    for rule in rules:
+        series = re.match(r"\s*([A-Za-z_:][\w:]*)", rule["seriesQuery"]).group(1)
+        # the adapter's `as` is a Go regexp replacement: ${1} -> \g<1>
+        name = re.sub(rule["name"]["matches"], re.sub(r"\$\{(\d+)\}", r"\\g<\1>", rule["name"]["as"]), series)
+        out[name] = (series, rule["metricsQuery"])
+    return out
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_api_scales_on_questions_per_second_served_by_the_adapter_with_cpu_as_fallback(kustomization):
+    from serve.metrics import REGISTRY
+    from serve.routes_ask import router as ask
+    from serve.routes_chat import router as chat
+
+    (hpa,) = objects(kustomization, "HorizontalPodAutoscaler").values()
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "ragqa-api")
+    assert 1 < hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert metrics["Resource"]["resource"]["name"] == "cpu"  # the fallback without the adapter
+    pods = metrics["Pods"]["pods"]
+    served = adapter_metrics()
+    assert pods["metric"]["name"] in served, (pods["metric"]["name"], sorted(served))
+    series, query = served[pods["metric"]["name"]]
+    exported = {m.name + ("_total" if m.type == "counter" else "") for m in REGISTRY.collect()}
+    assert series in exported, f"ragqa exports no {series}"
+    routes = re.search(r'route=~"([^"]+)"', query).group(1).split("|")
+    paths = {r.path for r in [*ask.routes, *chat.routes]}
+    assert routes and set(routes) <= paths, (routes, paths)  # the question routes, as the app names them
+    assert float(pods["target"]["averageValue"]) > 0
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_exactly_one_scheduler_runs(kustomization):
+    dep, scheduler = deployment(kustomization, "ragqa-scheduler")
+    assert scheduler["command"] == ["ragqa", "schedule"]
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"  # never two during a rollout
+    autoscaled = {h["spec"]["scaleTargetRef"]["name"] for h in objects(kustomization, "HorizontalPodAutoscaler").values()}
+    assert "ragqa-scheduler" not in autoscaled
+
+
+def arg(args: list[str], flag: str) -> str | None:
+    value = next((a.split("=", 1)[1] for a in args if a.startswith(flag + "=")), None)
+    if value is None and flag in args:
+        value = args[args.index(flag) + 1]
+    return value
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_vllm_splits_an_awq_model_across_its_gpus_with_prefix_caching(kustomization):
+    dep, vllm = deployment(kustomization, "vllm")
+    args = vllm["args"]
+    gpus = vllm["resources"]["limits"]["nvidia.com/gpu"]
+    assert int(arg(args, "--tensor-parallel-size")) == int(gpus) >= 1
+    assert "--enable-prefix-caching" in args
+    assert "awq" in arg(args, "--quantization") and "AWQ" in args[0]
+    assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    claim = volumes["model-cache"]["persistentVolumeClaim"]["claimName"]
+    assert claim in objects(kustomization, "PersistentVolumeClaim")
+    assert mounts["model-cache"] == "/root/.cache/huggingface"
+    assert dep["spec"]["strategy"]["type"] == "Recreate"  # the model cache is ReadWriteOnce
+    assert service_port(kustomization, "vllm", "vllm") == int(arg(args, "--port"))
+
+
+def container_env(kustomization: str, container: dict[str, Any]) -> dict[str, str]:
+    """A container's environment as Kubernetes would set it: its ConfigMaps (envFrom), then its
+    own variables, with each secret key's test value."""
+    config_maps = objects(kustomization, "ConfigMap")
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(config_maps[source["configMapRef"]["name"]]["data"])
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = SECRETS[ref["name"], ref["key"]]
+    return env
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+@pytest.mark.parametrize("name", ["ragqa-api", "ragqa-scheduler"])
+def test_every_rag_variable_of_a_ragqa_container_is_a_setting_and_validates(kustomization, name, monkeypatch):
+    from rag.config import Settings
+
+    env = container_env(kustomization, deployment(kustomization, name)[1])
+    names = [k for k in env if k.startswith("RAG_")]
+    assert names and all(setting_path_exists(k) for k in names), [k for k in names if not setting_path_exists(k)]
+    for key in [k for k in os.environ if k.startswith("RAG_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings.load(None)
+    assert settings.lexical.backend == "elasticsearch" and settings.vector.backend == "milvus"
+    assert settings.generator.backend == "openai" and settings.cache.backend == "redis"
+    assert settings.lexical.password is not None and settings.lexical.password.get_secret_value() == "es-secret"
+    if name == "ragqa-api":
+        assert [k.id for k in settings.serve.api_keys] == ["ops"]
+    # the generator is this deployment's vLLM, serving the model ragqa asks for
+    vllm_args = deployment(kustomization, "vllm")[1]["args"]
+    assert settings.generator.model == vllm_args[0]
+    port = service_port(kustomization, "vllm", "vllm")
+    assert settings.generator.base_url == f"http://vllm:{port}/v1"
+
+
+def test_the_documented_secret_has_every_key_the_manifests_read():
+    keys = {v["valueFrom"]["secretKeyRef"]["key"] for k in KUSTOMIZATIONS
+            for d in objects(k, "Deployment").values() for c in d["spec"]["template"]["spec"]["containers"]
+            for v in c.get("env", []) if "valueFrom" in v}
+    assert keys == {key for _, key in SECRETS}
+    for doc in (K8S / "base/kustomization.yaml", INFRA / "README.md"):
+        documented = set(re.findall(r"--from-literal=([\w.-]+)=", doc.read_text()))
+        assert documented == keys, (doc, documented)
