@@ -210,3 +210,10 @@ def test_a_server_that_says_nothing_is_a_backend_timeout(server):
     with pytest.raises(BackendTimeout, match=r"sent nothing in 0.5 s"):
         run(url, model="m", timeout_s=0.5, connect_retries=0)
     assert time.monotonic() - began < 2
+
+
+def test_a_url_that_serves_no_model_list_is_backend_unavailable(server):
+    url, _ = server
+    wrong = url.removesuffix("/v1")  # forgot the /v1
+    with pytest.raises(BackendUnavailable, match=rf"{wrong}/models gave no model list.*404"):
+        run(wrong, model="m")

@@ -134,7 +134,12 @@ class OpenAIGenerator:
             cards = {m.id: m for m in (await self._client.models.list()).data}  # type: ignore[union-attr]
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             raise BackendUnavailable(f"generator server {url} refused the API key (HTTP {exc.status_code})") from exc
-        except (openai.APIConnectionError, openai.APIStatusError) as exc:
+        except openai.APIStatusError as exc:
+            if exc.status_code in _NOT_READY:
+                raise self._unavailable(exc) from exc
+            raise BackendUnavailable(f"generator server {url} gave no model list "
+                                     f"(HTTP {exc.status_code}): {_error_text(exc)}") from exc
+        except openai.APIConnectionError as exc:
             raise self._unavailable(exc) from exc
         except (openai.APIError, ValueError, TypeError) as exc:
             raise BackendUnavailable(f"generator server {url} gave no model list: {_short(exc)}") from exc
