@@ -71,8 +71,8 @@ class MemoryAnswerCache:
     semantic lookup, and the dependency index. Thread-safe (lookups run in worker threads).
 
     Not ``cachetools.TLRUCache``: every removal must also leave the dependency index and the
-    scope's vectors, and TLRUCache removes entries in three places (LRU ``popitem``, ``expire``,
-    an expired key on lookup), so wrapping it would take more code than the OrderedDict."""
+    scope's vectors, and TLRUCache removes entries inside every insert (``expire``, then
+    ``popitem`` on overflow), so both would need overriding: more code than the OrderedDict."""
 
     def __init__(self, max_entries: int = 10_000, ttl_s: float = 86_400, clock: Callable[[], float] = time.time) -> None:
         self.max_entries = max_entries
