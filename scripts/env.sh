@@ -86,6 +86,23 @@ ensure_promtool() {
   command -v promtool >/dev/null 2>&1
 }
 
+# ensure_kustomize: kustomize renders infra/k8s for tests/test_ops_k8s.py. kubectl's built-in
+# one will do; else kustomize is built from the Go module proxy into ~/.cache/ragqa/bin, once per
+# machine (about 3 minutes on 2 cores). Returns non-zero when neither can be had.
+KUSTOMIZE_VERSION="v5.7.1"
+ensure_kustomize() {
+  command -v kustomize >/dev/null 2>&1 && return 0
+  command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1 && return 0
+  local bin="$HOME/.cache/ragqa/bin" go
+  [[ -x "$bin/kustomize" ]] && return 0
+  go="$(command -v go || echo /usr/local/go/bin/go)"
+  [[ -x "$go" ]] || return 1
+  say "building kustomize $KUSTOMIZE_VERSION from the Go module proxy for the Kubernetes manifest tests"
+  mkdir -p "$bin"
+  GOBIN="$bin" GOFLAGS=-mod=mod "$go" install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION" >/dev/null 2>&1
+  [[ -x "$bin/kustomize" ]]
+}
+
 # ensure_chromium: Debian's chromium and chromium-driver for the web page's browser test
 # (tests/test_webpage.py, driven by Selenium), installed once per machine: about 135 MB of
 # packages, 440 MB on disk, under a minute. Returns non-zero when they cannot be had (the

@@ -31,6 +31,11 @@ ensure_chromium || missing "chromium could not be installed (apt-get install chr
 ensure_promtool || missing "promtool could not be installed (apt-get install prometheus)" \
   "the alert rule tests will be skipped"
 
+# kustomize renders the Kubernetes manifests (tests/test_ops_k8s.py): kubectl's, or one built
+# from the Go module proxy.
+ensure_kustomize || missing "kustomize could not be built (go install sigs.k8s.io/kustomize/kustomize/v5)" \
+  "the Kubernetes manifest tests will be skipped"
+
 # A real single-node Elasticsearch on loopback for the integration tests (fetched once from
 # Maven Central and cached); it is stopped again when the tests end.
 export RAGQA_ES_PORT="${RAGQA_ES_PORT:-9250}"
