@@ -69,7 +69,7 @@ def deployment(kustomization: str, name: str) -> tuple[dict[str, Any], dict[str,
 
 
 @cache
-def validator(kind: str, api_version: str):  # noqa: ANN201 - a jsonschema validator
+def validator(kind: str, api_version: str) -> Any:  # a jsonschema validator of the kind's schema
     import jsonschema
 
     group, _, version = api_version.rpartition("/")
@@ -275,3 +275,58 @@ def test_the_documented_secret_has_every_key_the_manifests_read():
     for doc in (K8S / "base/kustomization.yaml", INFRA / "README.md"):
         documented = set(re.findall(r"--from-literal=([\w.-]+)=", doc.read_text()))
         assert documented == keys, (doc, documented)
+
+
+def relabel(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus' relabelling (keep, drop, replace), enough to run the scrape jobs' rules on a
+    pod's discovered labels. Debian's promtool is built without Kubernetes discovery, so it
+    cannot check this file."""
+    labels = dict(labels)
+    for rule in rules:
+        value = rule.get("separator", ";").join(labels.get(s, "") for s in rule.get("source_labels", []))
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if action in ("keep", "drop"):
+            if (match is None) == (action == "keep"):
+                return None
+        elif action == "replace":
+            if match is not None:
+                labels[rule["target_label"]] = match.expand(
+                    re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", rule.get("replacement", "$1")))
+        else:
+            raise AssertionError(f"relabel action {action} is not simulated here")
+    return labels
+
+
+def discovered(dep: dict[str, Any], namespace: str) -> dict[str, str]:
+    """The labels Prometheus' pod discovery gives a pod of ``dep`` (one per container port)."""
+    meta = dep["spec"]["template"]["metadata"]
+    (port,) = dep["spec"]["template"]["spec"]["containers"][0].get("ports") or [{"containerPort": 9999}]
+    labels = {"__address__": f"10.1.2.3:{port['containerPort']}", "__metrics_path__": "/metrics",
+              "__meta_kubernetes_namespace": namespace, "__meta_kubernetes_pod_name": dep["metadata"]["name"] + "-x"}
+    for kind, values in (("label", meta.get("labels", {})), ("annotation", meta.get("annotations", {}))):
+        for key, value in values.items():
+            labels[f"__meta_kubernetes_pod_{kind}_" + re.sub(r"\W", "_", key)] = value
+    return labels
+
+
+def test_prometheus_scrapes_each_api_pod_and_vllm_with_the_labels_the_adapter_needs():
+    import yaml
+
+    jobs = {j["job_name"]: j for j in yaml.safe_load((K8S / "prometheus-scrape.yaml").read_text())["scrape_configs"]}
+    assert set(jobs) == {"ragqa", "vllm"}  # the job names the alerts use
+    adapter = yaml.safe_load((K8S / "prometheus-adapter.yaml").read_text())["rules"]["custom"]
+    needed = {label for rule in adapter for label in rule["resources"]["overrides"]}
+    namespace = {d["metadata"]["namespace"] for d in objects("overlays/production", "Deployment").values()}.pop()
+    scraped = {}
+    for name, dep in objects("overlays/production", "Deployment").items():
+        for job_name, job in jobs.items():
+            (sd,) = job["kubernetes_sd_configs"]
+            assert sd["role"] == "pod" and sd["namespaces"]["names"] == [namespace]
+            target = relabel(discovered(dep, namespace), job["relabel_configs"])
+            if target is not None:
+                scraped[name] = job_name
+                ports = [p["containerPort"] for c in dep["spec"]["template"]["spec"]["containers"] for p in c["ports"]]
+                assert target["__address__"] == f"10.1.2.3:{ports[0]}" and target["__metrics_path__"] == "/metrics"
+                assert needed <= set(target) and target["pod"] == name + "-x"
+    assert scraped == {"ragqa-api": "ragqa", "vllm": "vllm"}  # each pod once; the scheduler serves no HTTP
