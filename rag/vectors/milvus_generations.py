@@ -8,11 +8,14 @@ with ``os.replace``); every read and write goes through the alias, so all client
 once. A collection made before generations existed, named exactly ``<collection>``, is
 generation 0: the first rebuild renames it to ``<collection>_g0`` and creates the alias
 (other clients of a server cannot find the name for those few milliseconds). Names
-``<collection>_g<N>`` belong to the index.
+``<collection>_g<N>`` belong to the index. On a server the old generation is dropped
+:data:`DROP_GRACE_S` after the switch: a Milvus 2.3 read in flight on a collection dropped
+under it returns no rows, not an error.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from pymilvus import MilvusClient
@@ -24,7 +27,12 @@ from rag.generations import RebuildTracking
 if TYPE_CHECKING:
     from rag.vectors.milvus import MilvusVectorIndex
 
-__all__ = ["MilvusGenerations"]
+__all__ = ["DROP_GRACE_S", "MilvusGenerations"]
+
+# A Milvus 2.3 server answers a read that resolved the alias before the switch, and finds its
+# collection dropped before it ends, with no rows rather than an error: the old generation
+# is dropped this long after the switch, for the reads in flight to finish on it.
+DROP_GRACE_S = 2.0
 
 
 class MilvusGenerations(RebuildTracking):
@@ -117,6 +125,8 @@ class MilvusGenerations(RebuildTracking):
             self._unflushed = False
             self._retire(new)
         if old != new.collection:
+            if not self._lite:  # one process per Milvus Lite file: no other reader in flight
+                time.sleep(DROP_GRACE_S)
             with self._calling(f"drop the old generation {old!r}"):
                 client.drop_collection(old, timeout=self.timeout_s)
 
