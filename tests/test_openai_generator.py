@@ -78,9 +78,10 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             script.bodies.append(body)
             script.auth.append(self.headers.get("Authorization"))
             step = script.next()
-            if step == "stall":  # accepts the request, then says nothing
+            if step == "stall":  # accepts the request, then says nothing until the client is gone
                 time.sleep(2)
-                return self._error(503, "too late")
+                self.close_connection = True
+                return
             if step.isdigit():
                 return self._error(int(step), f"scripted {step}: the prompt is too long")
             self.send_response(200)
