@@ -210,12 +210,18 @@ def arg(args: list[str], flag: str) -> str | None:
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_vllm_splits_an_awq_model_across_its_gpus_with_prefix_caching(kustomization):
+    import yaml
+
     dep, vllm = deployment(kustomization, "vllm")
     args = vllm["args"]
     gpus = vllm["resources"]["limits"]["nvidia.com/gpu"]
     assert int(arg(args, "--tensor-parallel-size")) == int(gpus) >= 1
     assert "--enable-prefix-caching" in args
     assert "awq" in arg(args, "--quantization") and "AWQ" in args[0]
+    # below the GpuMemoryHigh alert's threshold, or the alert fires for vLLM's own reservation
+    rules = [r for g in yaml.safe_load((INFRA / "prometheus/alerts.yml").read_text())["groups"] for r in g["rules"]]
+    threshold = float(re.search(r"> (0\.\d+)", next(r["expr"] for r in rules if r.get("alert") == "GpuMemoryHigh"))[1])
+    assert float(arg(args, "--gpu-memory-utilization")) <= threshold - 0.05
     assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
     mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
