@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from ingest.chunking import Chunker
 from ingest.normalize import text_hash
+from ingest.progress import RunProgress
 from ingest.sources import open_source
 from ingest.sources.base import Fetched, Validator
 from ingest.vectors import vectors_for
@@ -48,6 +49,7 @@ log = logging.getLogger("ragqa.ingest")
 Mode = Literal["full", "incremental"]
 EMBED_BATCH_CHUNKS = 256
 AUTO_SAMPLE_DOCS = 50
+PROGRESS_EVERY_S = 2.0  # how often a running run's progress is written to the state
 """With ``embedder.backend: auto`` and no choice yet, the first ingest holds this many
 documents, chooses the embedder from their languages (``Services.choose_embedder``), then
 chunks and embeds them with it."""
@@ -98,9 +100,10 @@ class _Pending:
 class _Indexer:
     """Embeds and writes changed documents in batches, then records them in the state."""
 
-    def __init__(self, services: Services, report: RunReport) -> None:
+    def __init__(self, services: Services, report: RunReport, progress: RunProgress) -> None:
         self.s = services
         self.report = report
+        self.progress = progress
         # The embedder's tokenizer sizes the chunks, so an undecided ``auto`` embedder holds
         # the first documents back until it is chosen.
         self.chunker: Chunker | None = None if services.embedder_undecided else self._chunker()
@@ -147,6 +150,7 @@ class _Indexer:
         chunks = [c for p in batch for c in p.chunks]
         matrix, embedded = vectors_for(self.s, chunks)
         self.report.chunks_embedded += embedded
+        self.progress.embedded(embedded)
         self.report.chunks_reused += len(chunks) - embedded
 
         doc_ids = [p.doc.id for p in batch]
@@ -209,12 +213,21 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         validators = {d.url: Validator(d.etag, d.last_modified) for d in known.values()}
         seen: set[str] = set()
         gone: set[str] = set()
-        indexer = _Indexer(services, report)
+        live = RunProgress(source, mode)
+        indexer = _Indexer(services, report, live)
         crawler = open_source(cfg, services.settings.crawl)
         bar = tqdm(desc=f"{source} ({mode})", unit="page", file=sys.stderr,
                    disable=None if progress else True)  # None: only on a terminal
+        saved = time.monotonic()
         for item in crawler.crawl(validators, conditional=(mode == "incremental")):
+            live.page(getattr(crawler, "planned", None), getattr(crawler, "planned_grows", False))
+            if live.total is not None and bar.total != live.total:
+                bar.total = live.total
+            bar.set_postfix_str(live.postfix(), refresh=False)
             bar.update(1)
+            if time.monotonic() - saved >= PROGRESS_EVERY_S:
+                state.run_progress(run_id, live.as_dict())
+                saved = time.monotonic()
             old = by_url.get(item.url)
             if item.status == "error":
                 report.fail(source, item.error_kind or "unreadable", item.error or item.url)

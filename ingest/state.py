@@ -326,6 +326,12 @@ class StateDB:
             )
             return int(cur.lastrowid or 0)
 
+    def run_progress(self, run_id: int, progress: dict[str, Any]) -> None:
+        """Record a running run's progress (``ingest.progress``), read back by :meth:`last_run`
+        as its ``progress`` while its status is ``running``."""
+        self._write([("UPDATE runs SET report = ? WHERE id = ? AND status = 'running'",
+                      (json.dumps({"progress": progress}), run_id))])
+
     def finish_run(self, run_id: int, status: str, report: dict[str, Any]) -> None:
         now = time.time()
         self._write([
@@ -338,7 +344,13 @@ class StateDB:
         rows = self._rows(
             "SELECT * FROM runs WHERE source = ? ORDER BY id DESC LIMIT 1", (source,)
         )
-        return dict(rows[0]) if rows else None
+        if not rows:
+            return None
+        run = dict(rows[0])
+        run["progress"] = None
+        if run["status"] == "running" and run["report"]:
+            run["progress"] = json.loads(run["report"]).get("progress")
+        return run
 
     def source_added(self, source: str) -> float | None:
         """Unix time the source was first added, or None for an unknown source."""

@@ -42,7 +42,8 @@ def sources(state: State, caller: QueryCaller) -> list[SourceOut]:
             name=src.name, kind=src.kind, location=src.location, trust=src.trust.name, tags=list(src.tags),
             tenant=src.tenant, documents=docs, chunks=chunks,
             last_run=None if last is None else {"mode": last["mode"], "status": last["status"],
-                                                "finished_at": _ts(last["finished_at"])}))
+                                                "finished_at": _ts(last["finished_at"])},
+            progress=None if last is None else last.get("progress")))
     return out
 
 

@@ -300,6 +300,9 @@ class SourceOut(BaseModel):
     documents: int
     chunks: int
     last_run: dict[str, Any] | None
+    progress: dict[str, Any] | None = Field(default=None, description=(
+        "While a reindex of the source runs: pages done and the total expected (total_grows: a site whose "
+        "links are still being found), chunks embedded, chunks_per_s, elapsed_s and eta_s (null without a total)."))
 
 
 class DocumentOut(BaseModel):

@@ -51,6 +51,8 @@ class FolderSource:
             location = unquote(urlsplit(location).path)
         self.root = Path(location).expanduser().absolute()
         self._complete = False
+        self.planned: int | None = None  # files this crawl will read, once listed
+        self.planned_grows = False
 
     @property
     def complete(self) -> bool:
@@ -62,7 +64,9 @@ class FolderSource:
             raise IngestError(f"source {self.cfg.name!r}: folder not found: {self.root}")
         listed, count = True, 0
         limit = self.cfg.max_pages or self.settings.max_pages
-        for path, failure in self._walk(self.root):
+        walked = list(self._walk(self.root))  # listed first, so that progress has a total
+        self.planned = min(limit, sum(failure is None for _, failure in walked))
+        for path, failure in walked:
             if failure is not None:
                 listed = False
                 yield Fetched(path.as_uri(), "error", error=f"{path}: cannot list folder: {failure}",

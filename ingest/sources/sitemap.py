@@ -87,6 +87,7 @@ class SitemapSource(WebSource):
                 yield item
             pages = [u for u in dict.fromkeys(urls) if self.in_scope(u) and self.allowed(u)]
             truncated = len(pages) > self.max_pages
+            self.planned = min(len(pages), self.max_pages)
             reported: set[str] = set()
             for _, page in self._fetch_all(http, pages[: self.max_pages], known, conditional):
                 if page.fetched is not None and page.fetched.url not in reported:

@@ -86,6 +86,10 @@ class WebSource:
         self._transport = transport
         self._robots: Protego | None = None
         self._complete = False
+        # Pages this crawl expects to read, for progress: a sitemap's pages once read; a site's
+        # pages found so far (planned_grows: it grows as links are followed).
+        self.planned: int | None = None
+        self.planned_grows = False
 
     @property
     def complete(self) -> bool:
@@ -239,6 +243,7 @@ class SiteSource(WebSource):
              conditional: bool) -> Iterator[Fetched]:
         level, seen, reported = [self.start], {self.start}, set()
         depth, budget, errors, truncated, seeded = 0, self.max_pages, False, False, False
+        self.planned_grows = True
         while level:
             if len(level) > budget:
                 level, truncated = level[:budget], True
@@ -265,6 +270,7 @@ class SiteSource(WebSource):
                     if link not in seen and self.in_scope(link) and self.allowed(link):
                         seen.add(link)
                         following.append(link)
+                self.planned = min(len(seen), self.max_pages)
             level, depth = following, depth + 1
         self._complete = not errors and not truncated
 

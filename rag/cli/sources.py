@@ -114,6 +114,7 @@ def status(obj: Context, as_json: bool) -> None:
             "last_run": None if last is None else {
                 "mode": last["mode"], "status": last["status"],
                 "finished_at": _ts(last["finished_at"]) if last["finished_at"] else None,
+                "progress": last.get("progress"),
             },
             "next_full": next_runs["full"], "next_incremental": next_runs["incremental"],
         })
@@ -141,6 +142,8 @@ def _ts(epoch: float) -> str:
 
 
 def _status_text(d: dict[str, Any]) -> str:
+    from ingest.progress import describe
+
     lines = [f"data dir: {d['data_dir']}"]
     lines += [f"{k}: {v}" for k, v in d["backends"].items()]
     if d.get("languages"):
@@ -151,6 +154,8 @@ def _status_text(d: dict[str, Any]) -> str:
     for s in d["sources"]:
         last = s["last_run"]
         last_txt = f"{last['mode']} {last['status']} at {last['finished_at']}" if last else "never"
+        if last and last["status"] == "running":
+            last_txt = describe(last["progress"]) if last.get("progress") else f"running ({last['mode']}), starting"
         lines.append(f"- {s['name']} [{s['kind']}, trust {s['trust']}] {s['location']}\n"
                      f"    {s['documents']} documents, {s['chunks']} chunks; last run: {last_txt}; "
                      f"next incremental {s['next_incremental']:%Y-%m-%d %H:%M}, "
