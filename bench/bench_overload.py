@@ -109,7 +109,7 @@ def main() -> None:
     env = server_env(data_dir / "bench.yaml", data_dir, keep_generator=False)
     env.pop("RAG_SERVE__MAX_IN_FLIGHT", None)  # admission control as configured
     env.update(dict(kv.split("=", 1) for kv in args.env))
-    argv = [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--no-auth"]
+    argv = [sys.executable, "-m", "ragqa.cli", "serve", "--port", "0", "--no-auth"]
     print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
     with start_server(argv, {**env, "RAG_SERVE__MAX_IN_FLIGHT": "1000000"}, "ragqa serve (no admission bound)") as server:
         sustainable = args.rate or asyncio.run(sustainable_rate(args, server.url, questions))

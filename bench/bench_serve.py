@@ -592,7 +592,7 @@ async def run_phases(args: argparse.Namespace, env: dict[str, str], questions: l
     results: list[dict[str, Any]] = []
     phases: list[tuple[str, int]] = args.phases
     names = {name for name, _ in phases}
-    serve_cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--no-auth",
+    serve_cmd = [sys.executable, "-m", "ragqa.cli", "serve", "--port", "0", "--no-auth",
                  "--loop", args.loop, "--http", args.http]
     if names & set(REQUEST_PHASES) or ("sse" in names and args.hold_s <= 0):
         with start_server(serve_cmd, env, "ragqa serve") as server:

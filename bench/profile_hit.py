@@ -105,7 +105,7 @@ def report(name: str, phase: Phase, counts: Counter[str], rate: int) -> None:
 
 
 async def run(args: argparse.Namespace, env: dict[str, str], questions: list[str], spy: str, out: Path) -> None:
-    serve_cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--no-auth",
+    serve_cmd = [sys.executable, "-m", "ragqa.cli", "serve", "--port", "0", "--no-auth",
                  "--loop", args.loop, "--http", args.http]
     with start_server(serve_cmd, env, "ragqa serve") as server:
         originals = questions[: args.cached_questions]

@@ -220,7 +220,7 @@ def prepare(work: Path, docs: int, env: dict[str, str]) -> tuple[Path, list[str]
     wanted = {q for q, d, *_ in qrels if d in ids}
     questions = [row["text"] for line in (DATA / "queries.jsonl").read_text().splitlines()
                  if (row := json.loads(line))["id"] in wanted]
-    subprocess.run([sys.executable, "-m", "rag.cli", "ingest", str(folder), "--name", "soak"],
+    subprocess.run([sys.executable, "-m", "ragqa.cli", "ingest", str(folder), "--name", "soak"],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     random.Random(7).shuffle(questions)
     return folder, questions
@@ -307,7 +307,7 @@ def main() -> None:
         port = free_port()
         log = (work / "serve.log").open("wb")
         server = subprocess.Popen(
-            [sys.executable, "-m", "rag.cli", "serve", "--no-auth", "--host", LOOPBACK, "--port", str(port),
+            [sys.executable, "-m", "ragqa.cli", "serve", "--no-auth", "--host", LOOPBACK, "--port", str(port),
              "--workers", str(args.workers)], env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://{LOOPBACK}:{port}"
         try:

@@ -32,7 +32,7 @@ from rag.cache import (
     make_answer_cache,
     normalise_question,
 )
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.config import CacheSettings, SourceConfig
 from rag.services import Services
 from rag.types import Filters

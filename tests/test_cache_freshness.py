@@ -169,7 +169,7 @@ def test_a_change_logged_by_another_process_is_applied_at_the_next_lookup(corpus
     serving process sees the commit (``PRAGMA data_version``) and applies it before answering."""
     from click.testing import CliRunner
 
-    from rag.cli import cli
+    from ragqa.cli import cli
 
     src, gen = Source(corpus, PAGES), Counting()
     cache = new_cache()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rag.cli import cli
+from ragqa.cli import cli
 
 REPORT_KEYS = {"source", "mode", "fetched", "unchanged", "changed", "added", "deleted", "failed",
                "chunks_embedded", "seconds"}
@@ -127,11 +127,11 @@ def test_a_usage_error_is_clicks_own_message_and_exit_code(tmp_path):
 
 
 def test_docs_cli_md_is_the_commands_own_help():
-    """docs/cli.md is written by ``python -m rag.cli.docs``; a command or option added without
+    """docs/cli.md is written by ``python -m ragqa.cli.docs``; a command or option added without
     rewriting it fails here."""
-    from rag.cli.docs import render
+    from ragqa.cli.docs import render
 
     committed = (Path(__file__).parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
-    assert committed == render(), "docs/cli.md is stale: python -m rag.cli.docs > docs/cli.md"
+    assert committed == render(), "docs/cli.md is stale: python -m ragqa.cli.docs > docs/cli.md"
     for command in ("ask", "eval retrieval", "keys create", "rebuild", "serve", "status", "verify"):
         assert f"## `ragqa {command}`" in committed

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from click.testing import CliRunner
 
 from ingest.pipeline import reindex
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.metrics import REGISTRY
 from rag.services import Services
 from tests.conftest import make_settings

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from evals.answers import load_qa, run_answer_eval, sample
 from evals.qa_metrics import f1
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.errors import ConfigError
 from rag.packing import PackedContext
 from rag.prompts import build_prompt

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from evals.compare import compare, gate, load_run
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.errors import ConfigError
 
 

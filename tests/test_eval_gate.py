@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from rag.cli import cli
+from ragqa.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

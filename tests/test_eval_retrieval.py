@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from evals.retrieval import Variant, load_beir, parse_variant, run_retrieval_eval
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.errors import ConfigError
 from tests.corpus import doc_text
 

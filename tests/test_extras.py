@@ -44,5 +44,5 @@ def test_the_langchain_retriever_without_langchain_core_names_the_extra() -> Non
 @pytest.mark.parametrize("package", ["openai", "langchain_core"])
 def test_the_core_imports_without_the_extras(package: str) -> None:
     """Retrieval, serving and the CLI load without either extra."""
-    run = run_without(package, "import rag.cli, rag.search, serve.app, rag.generators")
+    run = run_without(package, "import ragqa.cli, rag.search, serve.app, rag.generators")
     assert run.returncode == 0, run.stderr

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from evals.retrieval import parse_variant
 from ingest.pipeline import reindex
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.lang import detect_lang, model_languages

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.services import Services
 from tests.corpus import question
 
@@ -93,7 +93,7 @@ def server(corpus: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     assert res.exit_code == 0, res.output  # records drift (0) in the state, which /metrics reads
     parent = tmp_path_factory.mktemp("metrics")
     env["PROMETHEUS_MULTIPROC_DIR"] = str(parent)  # the server makes a fresh directory inside
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "serve", "--no-auth", "--workers", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "ragqa.cli", "serve", "--no-auth", "--workers", "2",
                              "--port", str(PORT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

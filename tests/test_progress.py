@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import ingest.pipeline as pipeline
 from ingest.progress import RunProgress, describe
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.config import SourceConfig
 from rag.services import Services
 from tests.conftest import make_settings

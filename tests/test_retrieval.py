@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.errors import ConfigError
 from rag.filters import parse_filters
 from rag.retrieval import MODES, HybridRetriever, rrf

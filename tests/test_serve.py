@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from filelock import FileLock
 
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.services import Services
 from serve.app import create_app
 from tests.corpus import doc_text, question
@@ -271,7 +271,7 @@ def test_ragqa_ask_json_and_stream(corpus):
 
 def test_ragqa_serve_says_where_to_point_a_browser_and_runs_the_schedule(corpus, http):
     env = {**os.environ, **cli_env(corpus)}
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--with-scheduler"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "ragqa.cli", "serve", "--port", "0", "--with-scheduler"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

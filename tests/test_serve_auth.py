@@ -21,7 +21,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from rag.cli import cli
+from ragqa.cli import cli
 from rag.config import Settings
 from rag.errors import ConfigError
 from rag.services import Services
@@ -267,7 +267,7 @@ def cli_env(corpus: Services, **extra: str) -> dict[str, str]:
 
 
 def test_ragqa_serve_refuses_a_public_host_without_auth_and_allow_insecure_allows_it(corpus, monkeypatch):
-    serve_cli = sys.modules["rag.cli.serve"]  # the attribute rag.cli.serve is the command
+    serve_cli = sys.modules["ragqa.cli.serve"]  # the attribute ragqa.cli.serve is the command
 
     res = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--no-auth"], env=cli_env(corpus))
     assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1
@@ -288,7 +288,7 @@ def test_ragqa_serve_refuses_a_public_host_without_auth_and_allow_insecure_allow
 
 
 def test_ragqa_serve_passes_loop_and_http_on_to_uvicorn(corpus, monkeypatch):
-    serve_cli = sys.modules["rag.cli.serve"]
+    serve_cli = sys.modules["ragqa.cli.serve"]
     started = []
     monkeypatch.setattr(serve_cli, "_listening_server",
                         lambda config: SimpleNamespace(run=lambda: started.append(config)))

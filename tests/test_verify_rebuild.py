@@ -109,7 +109,7 @@ def test_killed_rebuild_leaves_the_old_index_serving(tmp_path):
     data = tmp_path / "data"
     env = {**os.environ, "RAG_DATA_DIR": str(data), "RAG_EMBEDDER__BACKEND": "hash",
            "RAG_VECTOR__BACKEND": "numpy", "RAG_CONFIG": ""}
-    cmd = [sys.executable, "-m", "rag.cli"]
+    cmd = [sys.executable, "-m", "ragqa.cli"]
     subprocess.run([*cmd, "ingest", str(folder), "--name", "corpus"], env=env, check=True,
                    capture_output=True, cwd=ROOT)
 

@@ -1,6 +1,6 @@
 """``docs/cli.md``, written from the commands' own ``--help``, so the two cannot drift.
 
-    python -m rag.cli.docs > docs/cli.md
+    python -m ragqa.cli.docs > docs/cli.md
 
 ``tests/test_cli.py`` checks that the committed file is what this prints.
 """
@@ -18,7 +18,7 @@ WIDTH = 100
 HEADER = """# Command line
 
 Every command accepts `--help`; this page is that help, for every command
-(`python -m rag.cli.docs > docs/cli.md` writes it, and a test checks that it is current).
+(`python -m ragqa.cli.docs > docs/cli.md` writes it, and a test checks that it is current).
 """
 
 FOOTER = """## Output and errors
@@ -46,7 +46,7 @@ def _commands(group: click.Group, ctx: click.Context) -> Iterator[tuple[click.Co
 
 def render() -> str:
     """The whole of ``docs/cli.md``."""
-    from rag.cli import cli
+    from ragqa.cli import cli
 
     settings = {**cli.context_settings, "terminal_width": WIDTH, "max_content_width": WIDTH}
     root = click.Context(cli, info_name="ragqa", **settings)

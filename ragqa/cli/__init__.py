@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import click
 
-from rag.cli.cache import cache_group
-from rag.cli.common import Context
-from rag.cli.evals import eval_group
-from rag.cli.indexes import rebuild, verify
-from rag.cli.keys import keys_group
-from rag.cli.search import search
-from rag.cli.serve import ask, serve
-from rag.cli.sources import ingest, reindex, schedule, sources_cmd, status
+from ragqa.cli.cache import cache_group
+from ragqa.cli.common import Context
+from ragqa.cli.evals import eval_group
+from ragqa.cli.indexes import rebuild, verify
+from ragqa.cli.keys import keys_group
+from ragqa.cli.search import search
+from ragqa.cli.serve import ask, serve
+from ragqa.cli.sources import ingest, reindex, schedule, sources_cmd, status
 
 __all__ = ["main", "cli"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from rag.cli.common import Context, emit, handle_errors
+from ragqa.cli.common import Context, emit, handle_errors
 from rag.errors import ConfigError
 
 __all__ = ["cache_group"]

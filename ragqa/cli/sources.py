@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from rag.cli.common import Context, emit, handle_errors
+from ragqa.cli.common import Context, emit, handle_errors
 from rag.errors import ConfigError, RagError
 
 __all__ = ["ingest", "reindex", "status", "schedule", "sources_cmd"]

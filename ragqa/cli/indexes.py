@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rag.cli.common import Context, emit, handle_errors
+from ragqa.cli.common import Context, emit, handle_errors
 
 __all__ = ["verify", "rebuild"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from rag.cli.common import Context, handle_errors
+from ragqa.cli.common import Context, handle_errors
 
 __all__ = ["ask", "serve"]
 
