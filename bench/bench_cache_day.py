@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ingest.pipeline import reindex  # noqa: E402
+from ingest.services import open_services  # noqa: E402
 from rag.answer import Answerer  # noqa: E402
 from rag.cache import AnswerCacheLayer, MemoryAnswerCache, config_fingerprint  # noqa: E402
 from rag.config import Settings, SourceConfig  # noqa: E402
@@ -108,7 +109,7 @@ def main() -> None:
 
     settings = Settings(data_dir=work / "data", embedder={"backend": "sentence-transformers", "progress": False},
                         generator={"backend": "extractive"}, cache={"backend": "off"})
-    services = Services(settings)
+    services = open_services(settings)
     services.state.add_source(SourceConfig(name="pydocs", kind="folder", location=str(site), lang="en"))
     started = time.monotonic()
     with services.write_lock():

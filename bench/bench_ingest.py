@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.pipeline import reindex  # noqa: E402
 from ingest.registry import source_from_argument  # noqa: E402
+from ingest.services import open_services  # noqa: E402
 from rag.config import Settings  # noqa: E402
-from rag.services import Services  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "crawl-pydocs311"
 
@@ -72,7 +72,7 @@ def main() -> None:
     settings = Settings.load(None, data_dir=work / "data",
                              embedder={"backend": args.embedder, "progress": False},
                              vector={"backend": args.vector})
-    services = Services(settings)
+    services = open_services(settings)
     services.state.add_source(source_from_argument(url, name="pydocs"))
     steps = [("v1 full (cold)", "full", None), ("v1 incremental", "incremental", None),
              ("v1 full", "full", None), ("v2 incremental", "incremental", "v2")]

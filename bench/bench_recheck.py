@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ingest.services import open_services  # noqa: E402
 from rag.answer import Answerer  # noqa: E402
 from rag.config import Settings  # noqa: E402
 from rag.generators.extractive import ExtractiveGenerator  # noqa: E402
-from rag.services import Services  # noqa: E402
 from rag.types import IndexChange  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     config = args.data_dir / "bench.yaml"
     settings = Settings.load(str(config) if config.exists() else None, data_dir=args.data_dir,
                              cache={"backend": "memory"})
-    services = Services(settings)
+    services = open_services(settings)
     questions = json.loads((args.data_dir / "questions.json").read_text())[: args.questions]
     answerer = Answerer(services, generator=ExtractiveGenerator())
     sources = [s.name for s in services.state.sources()]

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ingest.pipeline import reindex  # noqa: E402
+from ingest.services import open_services  # noqa: E402
 from rag.config import Settings, SourceConfig  # noqa: E402
 from rag.packing import ContextPacker  # noqa: E402
 from rag.retrieval import HybridRetriever  # noqa: E402
@@ -87,7 +88,7 @@ def settings_for(data_dir: Path) -> Settings:
 
 def ensure_index(data_dir: Path, chunks: int) -> Services:
     """Index one copy through the real pipeline, then add varied copies of its chunks."""
-    services = Services(settings_for(data_dir))
+    services = open_services(settings_for(data_dir))
     have = services.lexical.count() if (data_dir / "state.db").exists() else 0
     if have >= chunks * 0.9:
         print(f"index: reusing {have} chunks in {data_dir}", file=sys.stderr)

@@ -119,8 +119,8 @@ def prepare(data_dir: Path, corpus: str, embedder: str, vector: str) -> tuple[Pa
             return config_path, json.loads(questions_path.read_text())
         raise SystemExit(f"{data_dir} holds an index built with other settings; use another --data-dir")
     from ingest.pipeline import reindex
+    from ingest.services import open_services
     from rag.config import Settings, SourceConfig
-    from rag.services import Services
 
     data_dir.mkdir(parents=True, exist_ok=True)
     folder = data_dir / "corpus"
@@ -132,7 +132,7 @@ def prepare(data_dir: Path, corpus: str, embedder: str, vector: str) -> tuple[Pa
         shutil.copytree(ROOT / "docs", folder, dirs_exist_ok=True)
     config_path.write_text(yaml.safe_dump(wanted))
     t0 = time.perf_counter()
-    services = Services(Settings.load(config_path))
+    services = open_services(Settings.load(config_path))
     try:
         services.state.add_source(SourceConfig(name=corpus, kind="folder", location=str(folder), lang="en"))
         with services.write_lock():
@@ -298,13 +298,13 @@ def child_server(hold_s: float, lag_file: Path | None, loop: str = "auto", http:
 
     import uvicorn
 
+    from ingest.services import open_services
     from rag.answer import Answerer
     from rag.config import Settings
-    from rag.services import Services
     from serve.app import create_app
 
     settings = Settings.load()
-    services = Services(settings)
+    services = open_services(settings)
     load = getattr(services.embedder, "load", None)
     if load is not None:  # a lazy model (MiniLM): loaded now, not by the burst of questions
         load()

@@ -274,10 +274,10 @@ def _prepare_index(base: Settings, ds: _Dataset, home: Path, progress: bool) -> 
     if folder.exists():  # an ingest that did not finish
         shutil.rmtree(folder)
     from evals.retrieval import ingest_corpus
-    from rag.services import Services
+    from ingest.services import open_services
 
     log.info("ingesting %s (%d documents) into %s", ds.name, len(ds.corpus or {}), folder)
-    services = Services(settings.model_copy(update={"embedder": settings.embedder.model_copy(
+    services = open_services(settings.model_copy(update={"embedder": settings.embedder.model_copy(
         update={"progress": progress})}))
     try:
         report = ingest_corpus(services, ds.corpus or {}, folder / "docs")
@@ -328,9 +328,9 @@ async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str
                       progress: bool, stop_after: int | None = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
+    from ingest.services import open_services
     from rag.answer import Answerer
     from rag.retrieval import HybridRetriever
-    from rag.services import Services
 
     to_ours = {v: k for k, v in doc_of.items()}  # dataset doc id -> our doc id
     with_gold = [i for i in ds.items if i.gold_docs]
@@ -343,7 +343,7 @@ async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str
     todo = [(i, p) for i, p in work if (i.qid, p) not in done]
     if not todo:
         return rows
-    services = Services(settings)
+    services = open_services(settings)
     retriever = _EvalRetriever(HybridRetriever.from_services(services))
     answerer = Answerer(services, retriever=retriever)  # type: ignore[arg-type]
     bar = tqdm(total=len(work), initial=len(rows), desc=f"eval {ds.name}", unit="q", disable=None if progress else True,

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from evals.retrieval import ingest_corpus, load_beir
+from ingest.services import open_services
 from rag.config import Settings
 from rag.retrieval.hybrid import HybridRetriever
-from rag.services import Services
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus = dict(list(corpus.items())[:a.max_docs])
     judged = {q: {d: r for d, r in rels.items() if r > 0 and d in corpus} for q, rels in qrels.items()}
     settings = Settings.load(None, data_dir=a.data_dir, embedder={"backend": a.embedder, "model": a.model})
-    services = Services(settings)
+    services = open_services(settings)
     try:
         started = time.perf_counter()
         ingest = ingest_corpus(services, corpus, a.data_dir / "docs")

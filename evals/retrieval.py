@@ -42,6 +42,7 @@ from typing import Any
 import ir_measures
 from ir_measures import RR, R, nDCG
 
+from ingest.services import open_services
 from rag.config import Settings, SourceConfig
 from rag.errors import ConfigError
 from rag.retrieval import MODES, HybridRetriever
@@ -305,7 +306,7 @@ def run_retrieval_eval(folder: str | Path, modes: Sequence[str] = MODES,
     with tempfile.TemporaryDirectory(prefix="ragqa-eval-") as tmp:
         data = Path(data_dir) if data_dir is not None else Path(tmp) / "data"
         settings = Settings.load(config_file, **{**dict(settings_overrides or {}), "data_dir": data})
-        services = Services(settings)
+        services = open_services(settings)
         try:
             ingest = ingest_corpus(services, corpus, Path(tmp) / "docs")
             doc_of = ingest.pop("doc_of")

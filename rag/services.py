@@ -9,9 +9,13 @@ English MiniLM for an English corpus, the multilingual USE when at least
 :data:`AUTO_MULTILINGUAL_SHARE` of them are Chinese. The choice is recorded in the state and
 never changes on an existing index; ``ragqa status`` shows it and why.
 
+The ingestion state (:class:`rag.types.IndexState`: stored chunks, the embedder choice, the
+change log) belongs to ``ingest``, above the core: ``Services`` takes a factory for it, and
+``ingest.services.open_services`` passes the SQLite one.
+
 Example::
 
-    services = Services(Settings.load())
+    services = open_services(Settings.load())  # from ingest.services
     with services.write_lock():
         report = reindex(services, "docs", "incremental")
     services.close()
@@ -22,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -31,7 +35,7 @@ from filelock import FileLock, Timeout
 
 from rag.config import EmbedderSettings, Settings
 from rag.errors import ConfigError, DataDirLocked
-from rag.types import Chunk, Embedder, Filters, Generator, Hit, LexicalIndex, VectorIndex
+from rag.types import Chunk, Embedder, Filters, Generator, Hit, IndexState, LexicalIndex, VectorIndex
 
 __all__ = ["AUTO_BACKENDS", "AUTO_MULTILINGUAL_SHARE", "Services"]
 
@@ -79,8 +83,10 @@ class Services:
     """The components of one ragqa deployment, built from its settings on first use."""
 
     def __init__(self, settings: Settings, embedder: Embedder | None = None,
-                 generator: Generator | None = None) -> None:
+                 generator: Generator | None = None,
+                 state: Callable[[Settings], IndexState] | None = None) -> None:
         self.settings = settings
+        self._state_factory = state
         self.data_dir = Path(settings.data_dir)
         self._embedder = embedder
         self._generator = generator
@@ -107,14 +113,12 @@ class Services:
 
     # -- components -----------------------------------------------------------------------
     @cached_property
-    def state(self):  # noqa: ANN201 - imported lazily
-        from ingest.state import StateDB
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        state = StateDB(self.data_dir / "state.db")
-        for source in self.settings.sources:  # sources declared in the settings file
-            state.add_source(source)
-        return state
+    def state(self) -> IndexState:
+        """The ingestion state, opened on first use by the ``state`` factory given."""
+        if self._state_factory is None:
+            raise ConfigError("these services were built without the ingestion state: "
+                              "build them with ingest.services.open_services(settings)")
+        return self._state_factory(self.settings)
 
     @property
     def embedder(self) -> Embedder:

@@ -44,6 +44,7 @@ __all__ = [
     "AnswerCache",
     "CacheGenerations",
     "ChangeLog",
+    "IndexState",
     "IndexChange",
 ]
 
@@ -390,6 +391,28 @@ class ChangeLog(Protocol):
     def changes_since(self, seq: int) -> list[IndexChange]: ...
 
     def last_change(self) -> int: ...
+
+
+@runtime_checkable
+class IndexState(ChangeLog, Protocol):
+    """What the core reads and writes of ingestion's state (:attr:`rag.services.Services.state`):
+    the stored text of chunks, for hits whose index keeps only ids and vectors, a few named
+    settings (the embedder chosen by the first ingest), and the change log. ``ingest.state.StateDB``
+    implements it; ``ingest.services.open_services`` builds a ``Services`` with one.
+
+    Example::
+
+        state: IndexState = services.state
+        chunks = state.get_chunks(["c1", "c2"])  # ids that are not stored are left out
+    """
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> dict[str, Chunk]: ...
+
+    def get_meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class CacheGenerations(NamedTuple):

@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from ingest.services import open_services
 from rag.admission import admission_for
 from rag.answer import Answerer
 from rag.config import Settings
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     """
     owned = services is None and answerer is None
     if services is None:
-        services = answerer.services if answerer is not None else Services(settings or Settings.load())
+        services = answerer.services if answerer is not None else open_services(settings or Settings.load())
     settings = settings or services.settings
     serve = settings.serve
     check_exposure(serve)  # before anything is loaded: no auth on a public address unless forced

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from ingest.services import open_services
 from rag.cache import AnswerCacheLayer, make_answer_cache
 from rag.config import CacheSettings, Settings
 from rag.services import Services
@@ -102,7 +103,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
 @pytest.fixture
 def services(tmp_path: Path) -> Iterator[Services]:
     """Services on a fresh data dir with the deterministic hash embedder and numpy vectors."""
-    svc = Services(make_settings(tmp_path / "data"))
+    svc = open_services(make_settings(tmp_path / "data"))
     yield svc
     svc.close()
 
@@ -123,7 +124,7 @@ NOTES = {"alpha": (range(20), OLD), "beta": (range(20, 30), NEW)}
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     """Two folder sources: ``alpha`` (20 notes, modified 2024) and ``beta`` (10 notes, 2025)."""
     base = tmp_path_factory.mktemp("retrieval")
-    svc = index_notes(Services(make_settings(base / "data")), base, NOTES)
+    svc = index_notes(open_services(make_settings(base / "data")), base, NOTES)
     yield svc
     svc.close()
 
@@ -135,7 +136,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     from tests.live import serve_settings  # tests.live imports this module
 
     base = tmp_path_factory.mktemp("serve")
-    svc = index_notes(Services(serve_settings(base / "data")), base, NOTES)
+    svc = index_notes(open_services(serve_settings(base / "data")), base, NOTES)
     yield svc
     svc.close()
 

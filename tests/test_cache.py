@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.answer import Answerer, AnswerEvent
 from rag.cache import (
     CachedAnswer,
@@ -79,7 +80,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
                                                       "threads": 1},
                              generator={"backend": "extractive"}, retrieval={"mode": "hybrid", "top_k": 3},
                              serve={"max_body_bytes": 20_000, "auth": False, "rate_limit_per_minute": 0})
-    svc = Services(settings)
+    svc = open_services(settings)
     for source in NOTES:
         write_notes(base / "src", source)
         svc.state.add_source(SourceConfig(name=source, kind="folder", location=str(base / "src" / source),

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.answer import Answerer
 from rag.config import SourceConfig
 from rag.services import Services
@@ -43,7 +44,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     settings = make_settings(base / "data", embedder={"backend": "sentence-transformers", "progress": False,
                                                       "threads": 1},
                              generator={"backend": "extractive"}, retrieval={"mode": "hybrid", "top_k": 2})
-    svc = Services(settings)
+    svc = open_services(settings)
     svc.src = base / "src"  # type: ignore[attr-defined]
     yield svc
     svc.close()

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.answer import Answerer
 from rag.config import CacheSettings, SourceConfig
 from rag.metrics import REGISTRY
@@ -69,7 +70,7 @@ def instance(data_dir: Path, server: LocalServer, gen: Counting, serve: dict | N
                              generator={"backend": "extractive"}, retrieval={"mode": "hybrid", "top_k": 2},
                              cache=CacheSettings(**cache).model_dump(),
                              serve={"auth": False, "rate_limit_per_minute": 0, **(serve or {})})
-    services = Services(settings)
+    services = open_services(settings)
     services.state.add_source(SourceConfig(name="site", kind="sitemap", location=server.url("/sitemap.xml")))
     with services.write_lock():
         reindex(services, "site", "full")

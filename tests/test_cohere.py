@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from ingest.services import open_services
 from rag.config import EmbedderSettings, Settings
 from rag.embedders import make_embedder
 from rag.embedders.cohere import CohereEmbedder
@@ -31,7 +32,6 @@ from rag.errors import (
 )
 from rag.rerank import make_reranker
 from rag.rerank.cohere import CohereReranker
-from rag.services import Services
 from rag.types import Chunk, Embedder, Hit, Reranker
 from tests.cohere_server import CohereServer, hash_embedding, serve_cohere
 
@@ -209,7 +209,7 @@ def test_make_reranker_from_settings(server: CohereServer, closing: Callable, tm
     settings = Settings(data_dir=tmp_path, retrieval={"reranker": {
         "backend": "cohere", "model": "rerank-english-v3.0", "api_key": server.api_key,
         "base_url": server.base_url + "/", "max_retries": 0}})
-    reranker = closing(make_reranker(Services(settings)))
+    reranker = closing(make_reranker(open_services(settings)))
     assert isinstance(reranker, CohereReranker)
     assert [h.chunk_id for h in reranker.rerank(QUERY, make_hits(DOCS), top_n=3)] == ["c1", "c3", "c2"]
     assert server.calls("/v2/rerank")[0]["model"] == "rerank-english-v3.0"

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from ingest.services import open_services
 from rag.config import LexicalSettings
 from rag.metrics import REGISTRY
-from rag.services import Services
 from serve.app import create_app
 from tests.corpus import index_notes, question
 from tests.faultproxy import FaultProxy
@@ -43,7 +43,7 @@ def app_url(tmp_path_factory: pytest.TempPathFactory, proxy: FaultProxy) -> Iter
     index = f"ragqa-test-degraded-{uuid.uuid4().hex[:8]}"
     lexical = LexicalSettings(backend="elasticsearch", url=proxy.url, index=index, query_timeout_s=1.0)
     settings = serve_settings(base / "data").model_copy(update={"lexical": lexical})
-    services = index_notes(Services(settings), base, {"notes": (range(12), datetime(2024, 5, 1, tzinfo=UTC))})
+    services = index_notes(open_services(settings), base, {"notes": (range(12), datetime(2024, 5, 1, tzinfo=UTC))})
     try:
         with live(create_app(settings, services=services)) as url:
             yield url
@@ -97,7 +97,7 @@ def test_a_reindex_during_an_outage_writes_nothing_half_way_and_the_next_run_con
     index = f"ragqa-test-outage-{uuid.uuid4().hex[:8]}"
     lexical = LexicalSettings(backend="elasticsearch", url=proxy.url, index=index, query_timeout_s=1.0,
                               request_timeout_s=5.0, max_retries=0)
-    services = index_notes(Services(make_settings(tmp_path / "data", lexical=lexical.model_dump())), tmp_path,
+    services = index_notes(open_services(make_settings(tmp_path / "data", lexical=lexical.model_dump())), tmp_path,
                            {"notes": (range(6), datetime(2024, 5, 1, tzinfo=UTC))})
     try:
         notes = sorted((tmp_path / "notes").iterdir())

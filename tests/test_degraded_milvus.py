@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from ingest.services import open_services
 from rag.metrics import REGISTRY
-from rag.services import Services
 from serve.app import create_app
 from tests.conftest import make_settings
 from tests.corpus import index_notes, question
@@ -53,7 +53,7 @@ def serve(base: Path, proxy: FaultProxy, *, cache: bool) -> Iterator[str]:
         base / "data", generator={"backend": "extractive"}, retrieval={"mode": "rrf"},
         vector={"backend": "milvus", "uri": proxy.url, "collection": collection, "cache": cache},
         serve={"auth": False, "rate_limit_per_minute": 0})
-    services = index_notes(Services(settings), base, {"notes": (range(12), datetime(2024, 5, 1, tzinfo=UTC))})
+    services = index_notes(open_services(settings), base, {"notes": (range(12), datetime(2024, 5, 1, tzinfo=UTC))})
     try:
         with live(create_app(settings, services=services)) as url:
             yield url

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from click.testing import CliRunner
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from ragqa.cli import cli
 from rag.metrics import REGISTRY
-from rag.services import Services
 from tests.conftest import make_settings
 from tests.corpus import index_notes
 
@@ -23,7 +23,7 @@ def refused(source: str) -> float:
 
 
 def test_a_run_that_would_delete_most_of_a_source_deletes_nothing_without_allow_mass_delete(tmp_path):
-    services = index_notes(Services(make_settings(tmp_path / "data")), tmp_path, {"notes": (range(6), WHEN)})
+    services = index_notes(open_services(make_settings(tmp_path / "data")), tmp_path, {"notes": (range(6), WHEN)})
     files = sorted((tmp_path / "notes").iterdir())
     for path in files[:4]:  # 4 of 6: more than half
         path.unlink()
@@ -44,7 +44,7 @@ def test_a_run_that_would_delete_most_of_a_source_deletes_nothing_without_allow_
 
 
 def test_a_few_deletions_go_through_and_the_share_is_a_setting(tmp_path):
-    services = index_notes(Services(make_settings(tmp_path / "data", crawl={"max_delete_fraction": 0.2})),
+    services = index_notes(open_services(make_settings(tmp_path / "data", crawl={"max_delete_fraction": 0.2})),
                            tmp_path, {"notes": (range(10), WHEN)})
     files = sorted((tmp_path / "notes").iterdir())
     files[0].unlink()
@@ -61,7 +61,7 @@ def test_a_few_deletions_go_through_and_the_share_is_a_setting(tmp_path):
 
 
 def test_a_page_with_no_text_is_an_error_and_its_old_version_stays(tmp_path):
-    services = index_notes(Services(make_settings(tmp_path / "data")), tmp_path, {"notes": (range(4), WHEN)})
+    services = index_notes(open_services(make_settings(tmp_path / "data")), tmp_path, {"notes": (range(4), WHEN)})
     emptied = sorted((tmp_path / "notes").iterdir())[0]
     emptied.write_text("   \n", encoding="utf-8")
     with services.write_lock():

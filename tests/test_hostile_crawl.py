@@ -9,10 +9,10 @@ import pytest
 
 from ingest.extract import extract
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from ingest.sources import SiteSource
 from rag.config import CrawlSettings, SourceConfig
 from rag.metrics import REGISTRY
-from rag.services import Services
 from tests.conftest import make_settings
 from tests.hostile_site import HEALTHY, HostileSite, hostile_site
 
@@ -73,7 +73,7 @@ def _errors(source: str, kind: str) -> float:
 
 
 def test_a_site_that_breaks_after_a_good_crawl_loses_no_document(tmp_path, site: HostileSite):
-    services = Services(make_settings(tmp_path / "data", crawl=CRAWL))
+    services = open_services(make_settings(tmp_path / "data", crawl=CRAWL))
     services.state.add_source(SourceConfig(name="hostile", kind="site", location=site.url("/docs/index.html")))
     with services.write_lock():
         first = reindex(services, "hostile", "full")

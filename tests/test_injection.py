@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.chunking import Chunker
 from ingest.extract import extract
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.answer import Answerer
 from rag.config import InjectionSettings, SourceConfig
 from rag.errors import ConfigError
@@ -149,7 +150,7 @@ def redteam_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servi
     """The red-team documents indexed as the ``redteam`` source (hash embedder, extractive answers)."""
     settings = serve_settings(tmp_path_factory.mktemp("redteam") / "data", qa_log=False)
     # No answer cache: every question is answered afresh, so every screening is counted.
-    svc = Services(settings.model_copy(update={"cache": settings.cache.model_copy(update={"backend": "off"})}))
+    svc = open_services(settings.model_copy(update={"cache": settings.cache.model_copy(update={"backend": "off"})}))
     svc.state.add_source(SourceConfig(name="redteam", kind="folder", location=str(REDTEAM / "docs")))
     with svc.write_lock():
         report = reindex(svc, "redteam", "full")

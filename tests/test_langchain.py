@@ -20,6 +20,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableParallel, RunnablePassthrough
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.config import RetrievalSettings, SourceConfig
 from rag.errors import FilterError
 from rag.langchain import RagqaRetriever
@@ -52,7 +53,7 @@ SOURCES = {"alpha": (OLD, Trust.high, ("ops",)), "beta": (NEW, Trust.low, ("arch
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     """Two folder sources: ``alpha`` (3 notes, 2024, high trust) and ``beta`` (2 notes, 2025, low)."""
     base = tmp_path_factory.mktemp("langchain")
-    svc = Services(make_settings(base / "data"))
+    svc = open_services(make_settings(base / "data"))
     for name, files in CORPUS.items():
         when, trust, tags = SOURCES[name]
         (base / name).mkdir()

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from evals.retrieval import parse_variant
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from ragqa.cli import cli
 from rag.config import SourceConfig
 from rag.errors import ConfigError
@@ -64,7 +65,7 @@ def chinese_on_minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     """Chinese paragraphs indexed with the packaged English MiniLM, chosen by hand."""
     base = tmp_path_factory.mktemp("zh-minilm")
     questions = _xquad("zh", base / "docs")
-    services = Services(make_settings(base / "data", embedder={"backend": "sentence-transformers",
+    services = open_services(make_settings(base / "data", embedder={"backend": "sentence-transformers",
                                                                 "progress": False}))
     _ingest(services, base / "docs")
     yield services, questions
@@ -155,7 +156,7 @@ def test_eval_variants_name_auto_weights_and_the_gate():
 def test_auto_embedder_is_chosen_by_the_first_ingest_and_kept(tmp_path, lang, backend):
     questions = _xquad(lang, tmp_path / "docs")
     settings = make_settings(tmp_path / "data", embedder={"backend": "auto", "progress": False})
-    services = Services(settings)
+    services = open_services(settings)
     assert services.embedder_undecided
     assert "not chosen yet" in services.backend_names()["embedder"]
     _ingest(services, tmp_path / "docs")
@@ -169,7 +170,7 @@ def test_auto_embedder_is_chosen_by_the_first_ingest_and_kept(tmp_path, lang, ba
     services.close()
 
     # Another process on the same data directory uses the recorded choice, and says why.
-    again = Services(settings)
+    again = open_services(settings)
     assert again.embedder.name == expected_name
     env = {"RAG_DATA_DIR": str(tmp_path / "data"), "RAG_VECTOR__BACKEND": "numpy", "RAG_CONFIG": ""}
     res = CliRunner().invoke(cli, ["status"], env=env, catch_exceptions=False)
@@ -199,7 +200,7 @@ def test_searching_before_the_first_ingest_does_not_fix_the_vector_size(tmp_path
     """A query (or a health probe) against an empty index must not create the vector collection
     at the provisional model's size: the first ingest may choose another model."""
     _xquad("zh", tmp_path / "docs")
-    services = Services(make_settings(tmp_path / "data", embedder={"backend": "auto", "progress": False},
+    services = open_services(make_settings(tmp_path / "data", embedder={"backend": "auto", "progress": False},
                                       vector={"backend": "milvus"}))
     try:
         assert HybridRetriever.from_services(services).retrieve("黑豹队", k=3) == []

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 import ingest.pipeline as pipeline
 from ingest.progress import RunProgress, describe
+from ingest.services import open_services
 from ragqa.cli import cli
 from rag.config import SourceConfig
-from rag.services import Services
 from tests.conftest import make_settings
 from tests.corpus import write_folder
 
@@ -36,7 +36,7 @@ def test_the_eta_is_the_pages_left_times_the_time_per_page_so_far():
 
 
 def test_a_run_records_its_progress_while_it_lasts_and_status_shows_it(tmp_path, monkeypatch):
-    services = Services(make_settings(tmp_path / "data"))
+    services = open_services(make_settings(tmp_path / "data"))
     write_folder(tmp_path / "notes", range(30), WHEN)
     services.state.add_source(SourceConfig(name="notes", kind="folder", location=str(tmp_path / "notes")))
     recorded: list[dict] = []

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from ingest.pipeline import reindex
+from ingest.services import open_services
 from rag.config import SourceConfig
 from rag.injection import REFUSAL
 from rag.services import Services
@@ -52,7 +53,7 @@ def notes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     settings = settings.model_copy(update={
         "generator": settings.generator.model_copy(update={"api_key": CONFIGURED}),
         "cache": settings.cache.model_copy(update={"backend": "off"})})
-    svc = Services(settings)
+    svc = open_services(settings)
     svc.state.add_source(SourceConfig(name="notes", kind="folder", location=str(base / "notes"), lang="en"))
     with svc.write_lock():
         reindex(svc, "notes", "full")

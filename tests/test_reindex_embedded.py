@@ -7,9 +7,9 @@ import pytest
 
 from ingest.pipeline import reindex
 from ingest.registry import source_from_argument
+from ingest.services import open_services
 from rag.config import Settings
 from rag.search import search
-from rag.services import Services
 from tests.conftest import publish, write_sitemap
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def site(tmp_path_factory, pydocs, static_server_factory):
 def test_embedded_default_reindexes_only_changed_pages(tmp_path, site, pydocs):
     settings = Settings.load(None, data_dir=tmp_path / "data", embedder={"progress": False})
     assert settings.vector.backend == "milvus" and settings.embedder.backend == "auto"
-    services = Services(settings)
+    services = open_services(settings)
     try:
         services.state.add_source(source_from_argument(site["sitemap"], name="pydocs"))
         assert services.state.source("pydocs").kind == "sitemap"

@@ -11,6 +11,7 @@ import pytest
 
 from ingest.pipeline import reindex
 from ingest.registry import source_from_argument
+from ingest.services import open_services
 from rag.services import Services
 from tests.conftest import make_settings, publish
 
@@ -27,7 +28,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, pydocs, static_server_factory)
     served = tmp_path_factory.mktemp("served") / "site"
     publish(pydocs["v1"], served)
     server = static_server_factory(served.parent)
-    services = Services(make_settings(tmp_path_factory.mktemp("data")))
+    services = open_services(make_settings(tmp_path_factory.mktemp("data")))
     cfg = source_from_argument(server.url("/site/index.html"), name="pydocs", trust="high")
     services.state.add_source(cfg)
     state = {"services": services, "server": server, "served": served, "reports": {}}

@@ -10,6 +10,7 @@ import pytest
 
 from ingest import scheduler as sched
 from ingest.registry import source_from_argument
+from ingest.services import open_services
 from rag.errors import ConfigError
 from rag.services import Services
 from tests.conftest import make_settings
@@ -20,7 +21,7 @@ def _services(tmp_path: Path, every: str) -> Services:
         tmp_path / "data",
         schedule={"incremental_cron": every, "full_cron": "0 3 * * *", "misfire_grace_s": 4 * 3600},
     )
-    return Services(settings)
+    return open_services(settings)
 
 
 def _folder(tmp_path: Path) -> Path:

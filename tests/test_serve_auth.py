@@ -21,10 +21,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ragqa.cli import cli
+from ingest.services import open_services
 from rag.config import Settings
 from rag.errors import ConfigError
 from rag.services import Services
+from ragqa.cli import cli
 from serve.app import create_app
 from serve.auth import hash_key, new_key
 from tests.corpus import NEW, OLD, index_notes, question
@@ -38,7 +39,7 @@ def with_serve(settings: Settings, **update: object) -> Settings:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     base = tmp_path_factory.mktemp("serve-auth")
-    svc = index_notes(Services(auth_settings(base / "data")), base,
+    svc = index_notes(open_services(auth_settings(base / "data")), base,
                       {"acme": (range(10), OLD), "globex": (range(10, 20), NEW)}, tenants=True)
     yield svc
     svc.close()

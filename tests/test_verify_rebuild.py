@@ -16,6 +16,7 @@ import pytest
 from ingest.pipeline import reindex
 from ingest.rebuild import rebuild
 from ingest.registry import source_from_argument
+from ingest.services import open_services
 from ingest.verify import verify
 from rag.metrics import INDEX_DRIFT_CHUNKS
 from rag.search import search
@@ -48,7 +49,7 @@ def indexed(request, tmp_path):
         pytest.skip("RAG_TEST_ES_URL is not set (scripts/test.sh starts Elasticsearch)")
     folder = tmp_path / "corpus"
     _write_corpus(folder, 12)
-    services = Services(make_settings(tmp_path / "data", **_backends(tmp_path, request.param)))
+    services = open_services(make_settings(tmp_path / "data", **_backends(tmp_path, request.param)))
     services.state.add_source(source_from_argument(str(folder), name="corpus"))
     report = reindex(services, "corpus", "full")
     assert report.added == 12 and report.failed == 0

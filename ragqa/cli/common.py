@@ -24,13 +24,13 @@ class Context:
     @property
     def services(self):  # noqa: ANN201
         if self._services is None:
+            from ingest.services import open_services
             from rag.config import Settings
             from rag.logs import setup_logging
-            from rag.services import Services
 
             settings = Settings.load(self.config, **self.overrides())
             setup_logging(json_logs=settings.log_json, verbose=self.verbose)
-            self._services = Services(settings)
+            self._services = open_services(settings)
         return self._services
 
     def overrides(self) -> dict[str, Any]:

@@ -1,0 +1,39 @@
+"""Services with this data directory's ingestion state, the SQLite :class:`StateDB`.
+
+The core's :class:`rag.services.Services` reads the state only through
+:class:`rag.types.IndexState` and never builds one; every process that ingests, serves,
+evaluates or runs a command opens its services here.
+
+Example::
+
+    services = open_services(Settings.load())
+    print(services.state.counts())
+    services.close()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingest.state import StateDB
+from rag.config import Settings
+from rag.services import Services
+from rag.types import Embedder, Generator
+
+__all__ = ["open_services", "open_state"]
+
+
+def open_state(settings: Settings) -> StateDB:
+    """The state in ``settings.data_dir``, with the sources the settings file declares added."""
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    state = StateDB(data_dir / "state.db")
+    for source in settings.sources:
+        state.add_source(source)
+    return state
+
+
+def open_services(settings: Settings, embedder: Embedder | None = None,
+                  generator: Generator | None = None) -> Services:
+    """``Services`` for ``settings`` whose ``state`` is the data directory's :class:`StateDB`."""
+    return Services(settings, embedder=embedder, generator=generator, state=open_state)
