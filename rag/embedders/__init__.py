@@ -10,7 +10,7 @@ Six implementations, built from settings by :func:`make_embedder`:
 - :class:`rag.embedders.cohere.CohereEmbedder` (``backend: cohere``): Cohere's embed API
   (``pip install 'ragqa[cohere]'``).
 - :class:`rag.embedders.onnx_int8.OnnxInt8Embedder` (``backend: onnx-int8``): the same
-  MiniLM quantized to int8 and run by onnxruntime, 2-3 times faster on CPU
+  MiniLM quantized to int8 and run by onnxruntime, about 3 times faster on CPU
   (``pip install 'ragqa[onnx]'``); its vectors differ slightly, so it is another embedder.
 - :class:`HashEmbedder` (``backend: hash``): deterministic feature hashing with no model, for
   tests of code that needs an embedder.

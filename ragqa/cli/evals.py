@@ -12,7 +12,7 @@ from ragqa.cli.common import Context, emit, handle_errors
 __all__ = ["eval_group"]
 
 MODE_NAMES = ("bm25", "vector", "hybrid", "rrf")
-EMBEDDERS = ("auto", "sentence-transformers", "use", "e5", "hash")
+EMBEDDERS = ("auto", "sentence-transformers", "onnx-int8", "use", "e5", "hash")
 EVAL_PACKAGES = {"ir_measures": "ir-measures", "sacrebleu": "sacrebleu", "rouge_score": "rouge-score"}
 
 
