@@ -32,7 +32,7 @@ from typing import Any
 
 from rag.errors import EmbedderError
 
-__all__ = ["RECIPE", "int8_model", "export_fp32", "quantize_int8", "source_weights"]
+__all__ = ["RECIPE", "export_fp32", "int8_model", "quantize_int8", "source_weights"]
 
 #: What a cached model was built with; a change here rebuilds every cached model.
 RECIPE: dict[str, Any] = {

@@ -140,7 +140,7 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         path = self._model_folder() / "tokenizer.json"
         try:
             tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
+        except Exception as exc:
             raise EmbedderError(f"the onnx-int8 embedder needs the model's tokenizer.json: {one_line(exc)}") from exc
         tokenizer.no_truncation()
         tokenizer.no_padding()
