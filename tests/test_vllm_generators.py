@@ -528,11 +528,14 @@ class TestServer:
             params, got, error, waited = asyncio.run(asyncio.wait_for(attempt(), 120))
             # Inconclusive only when the server was never stopped (no first token in 2 s: the
             # busy server was slow to start the answer) or had sent the whole answer before it
-            # was stopped (a client that ends a stalled stream quietly cannot show that ending).
-            if not got or (error is None and got[-1].finish_reason == "length"
-                           and got[-1].completion_tokens == params.max_tokens):
+            # was stopped: it ended with a finish reason (a client that ends a stalled stream
+            # quietly cannot show that ending).
+            if not got or (error is None and got[-1].finish_reason is not None):
                 continue
             break
+        else:
+            pytest.skip(f"in 3 tries the server was never stopped mid-answer (last: {len(got)} deltas, "
+                        f"finish {got[-1].finish_reason if got else None})")
         assert isinstance(error, GeneratorError) and "no token for 2 s" in str(error), (error, got[-1:])
         assert len(got) >= 1 and got[0].text
         assert waited < 30, waited
