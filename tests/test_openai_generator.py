@@ -3,7 +3,7 @@
 The real ``vllm serve`` runs in tests/test_vllm_generators.py (streaming, batching, a stalled
 and a killed server, a prompt over the context). The answers a real server gives only when it
 is in trouble (503 while loading, an error event inside a stream, a stream cut before its
-finish reason, a refused key) are scripted here, over HTTP on loopback, in the wire format of
+finish reason, a token and then silence, a refused key) are scripted here, over HTTP on loopback, in the wire format of
 OpenAI's API, so each rule of the module docstring is checked through the SDK.
 """
 
@@ -90,6 +90,13 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             events: list[object] = [_chunk({"role": "assistant", "content": ""}),
                                     _chunk({"content": "Paris"}), _chunk({"content": " [1]."})]
+            if step == "stall-after-token":  # a first token, then nothing (a frozen engine)
+                for event in events[:2]:
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(3)
+                self.close_connection = True
+                return
             if step == "error-event":
                 events = events[:2] + [{"error": {"message": "engine died", "code": 500}}]
             elif step == "stream":
@@ -188,6 +195,27 @@ def test_an_error_event_after_the_first_token_is_a_generator_error(server):
     with pytest.raises(GeneratorError, match="failed mid-answer: .*engine died"):
         asyncio.run(go())
     assert [d.text for d in got] == ["Paris"]
+
+
+def test_a_server_that_stalls_after_its_first_token_is_a_generator_error_after_timeout_s(server):
+    url, script = server
+    script.plan = ["stall-after-token"]
+    got: list[GenerationDelta] = []
+
+    async def go() -> None:
+        gen = OpenAIGenerator(url, "m", timeout_s=0.5)
+        await gen.start()
+        try:
+            async for delta in gen.stream(PROMPT, GenerationParams(max_tokens=8)):
+                got.append(delta)
+        finally:
+            await gen.close()
+
+    began = time.monotonic()
+    with pytest.raises(GeneratorError, match=r"no token for 0.5 s") as caught:
+        asyncio.run(go())
+    assert not isinstance(caught.value, BackendUnavailable)  # mid-answer: not a fallback case
+    assert [d.text for d in got] == ["Paris"] and time.monotonic() - began < 2.5
 
 
 def test_a_stream_without_a_finish_reason_is_a_generator_error(server):
