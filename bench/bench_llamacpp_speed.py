@@ -30,11 +30,11 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from rag.generators.gguf_models import packaged_model_path  # noqa: E402
-from rag.generators.llamacpp import LlamaCppGenerator  # noqa: E402
-from rag.packing import SEPARATOR, PackedContext, passage_header  # noqa: E402
-from rag.prompts import build_prompt  # noqa: E402
-from rag.types import Chunk, Passage  # noqa: E402
+from rag.generators.gguf_models import packaged_model_path
+from rag.generators.llamacpp import LlamaCppGenerator
+from rag.packing import SEPARATOR, PackedContext, passage_header
+from rag.prompts import build_prompt
+from rag.types import Chunk, Passage
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
@@ -101,7 +101,7 @@ def run(model: str, label: str, kwargs: dict[str, Any], args: argparse.Namespace
                     llm.n_tokens = n
                     t0 = time.perf_counter()
                     llm.eval(ids[n:])
-                    warm.append((time.perf_counter() - t0))
+                    warm.append(time.perf_counter() - t0)
                     llm.reset()
                     t0 = time.perf_counter()
                     first = None

@@ -115,7 +115,7 @@ def ensure_index(data_dir: Path, chunks: int) -> Services:
                    default=0)
     started = time.perf_counter()
     while services.lexical.count() < chunks:
-        rnd = random.Random(copy)  # noqa: S311 - variations, not secrets
+        rnd = random.Random(copy)  # variations, not secrets
         swaps = rnd.sample(SWAPS, 3)
         batch = []
         for c in base:

@@ -80,7 +80,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serve_load import (  # beside this file
+from serve_load import (  # noqa: E402 - beside this file, found through sys.path above
     LOOPBACK,
     Connection,
     Phase,

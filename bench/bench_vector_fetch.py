@@ -34,7 +34,7 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(fn, repeats: int) -> str:  # noqa: ANN001
+def timed(fn, repeats: int) -> str:
     samples = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -96,15 +96,15 @@ def main() -> None:
         store.get_vectors(ids[:10])  # warm up
         store.search(queries[0], k=10)
         for size in (100, 200):
-            def fetch(s=store, m=size) -> None:  # noqa: ANN001
+            def fetch(s=store, m=size) -> None:
                 s.get_vectors([ids[j] for j in pick.choice(args.n, m, replace=False)])
 
             print(f"{name:12s} get_vectors({size})      " + timed(fetch, args.repeats))
         qs = iter(np.tile(queries, (3, 1)))
         print(f"{name:12s} search k=10            "
-              + timed(lambda s=store: s.search(next(qs), k=10), args.search_repeats))
+              + timed(lambda s=store, qs=qs: s.search(next(qs), k=10), args.search_repeats))
         print(f"{name:12s} search k=10 filtered   "
-              + timed(lambda s=store: s.search(next(qs), k=10, filters=filters), args.search_repeats))
+              + timed(lambda s=store, qs=qs: s.search(next(qs), k=10, filters=filters), args.search_repeats))
     print(f"RSS at end {rss_mib():.0f} MiB")
     milvus.drop()
     milvus.close()

@@ -114,11 +114,11 @@ def report(sets: dict[str, dict], coefs: dict[str, tuple[np.ndarray, float] | No
         scores = {}
         wvec = []
         for label, rule in (("bm25", lambda q: (1.0, 0.0)), ("vector", lambda q: (0.0, 1.0)),
-                            ("rrf 1,1", lambda q: gate(data, q, (1.0, 1.0))),
-                            ("rrf 1,0.5", lambda q: gate(data, q, (1.0, 0.5)))):
+                            ("rrf 1,1", lambda q, data=data: gate(data, q, (1.0, 1.0))),
+                            ("rrf 1,0.5", lambda q, data=data: gate(data, q, (1.0, 0.5)))):
             scores[label] = np.array([evaluate(q, rule) for q in qs])
 
-        def adaptive(q: dict) -> tuple[float, float]:
+        def adaptive(q: dict, data: dict = data, kw: dict = kw, wvec: list = wvec) -> tuple[float, float]:
             w = gate(data, q, adaptive_weights(*legs(q), q["text"], **kw))
             wvec.append(w[1] / (w[0] + w[1]))
             return w

@@ -39,15 +39,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from rag.admission import Admission
+from rag.attribution import Attributor
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
 from rag.errors import BackendError, BackendUnavailable, GeneratorError
 from rag.focus import focus_hits
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
-from rag.packing import ContextPacker, PackedContext, context_budget
-from rag.admission import Admission
-from rag.attribution import Attributor
 from rag.lang import detect_lang
+from rag.packing import ContextPacker, PackedContext, context_budget
 from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt
 from rag.retrieval import HybridRetriever
 from rag.sampling import SamplingPolicy

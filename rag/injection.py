@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Literal
 
 from rag.errors import ConfigError
 from rag.injection_rules import DIRECTIVE, RULE_NAMES, RULES, Action, Rule
+from rag.lang import detect_lang
 from rag.metrics import (
     INJECTION_BLOCKS,
     INJECTION_CHUNKS,
@@ -49,7 +50,6 @@ from rag.metrics import (
     INJECTION_QUESTIONS,
     INJECTION_RULES,
 )
-from rag.lang import detect_lang
 from rag.types import Chunk, Hit
 
 if TYPE_CHECKING:

@@ -87,7 +87,7 @@ def jieba() -> Any:
     process, on first use); ``jieba.posseg`` is imported too."""
     global _jieba_ready
     import jieba as module
-    import jieba.posseg  # noqa: F401 - the part-of-speech tagger the cache guards use
+    import jieba.posseg  # the part-of-speech tagger the cache guards use
 
     if not _jieba_ready:
         with _jieba_lock:

@@ -92,7 +92,7 @@ class GpuMemoryCollector:
     GPU the families are simply absent, so a CPU deployment exports nothing for them.
     """
 
-    def collect(self):  # noqa: ANN201 - prometheus_client's collector interface
+    def collect(self):  # prometheus_client's collector interface
         from prometheus_client.core import GaugeMetricFamily
 
         readings = _gpu_memory()

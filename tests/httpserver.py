@@ -81,10 +81,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "ragqa-test"
     state: LocalServer  # set on the subclass made per server
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - signature of the base
+    def log_message(self, format: str, *args: object) -> None:  # signature of the base
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+    def do_GET(self) -> None:  # the name http.server dispatches to
         state = self.state
         with state.lock:
             state.in_flight += 1

@@ -59,7 +59,7 @@ def test_a_weak_overlap_is_not_enough() -> None:
     assert attribute("The Panthers lost the game on Tuesday night.", min_support=0.2)[0].endswith("[1]")
 
 
-def test_the_answer_marks_inferred_citations_and_keeps_the_models_own(indexed, monkeypatch):  # noqa: F811
+def test_the_answer_marks_inferred_citations_and_keeps_the_models_own(indexed, monkeypatch):
     monkeypatch.setattr(indexed.settings.retrieval, "max_context_chunks", 4)  # llamacpp's default packs one
     _, body = doc_text(3)
     first, second = body.split(". ")[:2]
@@ -74,7 +74,7 @@ def test_the_answer_marks_inferred_citations_and_keeps_the_models_own(indexed, m
     assert done.attribution == {"inferred": 1, "unsupported": 1}
 
 
-def test_inference_can_be_turned_off(indexed, monkeypatch: pytest.MonkeyPatch):  # noqa: F811
+def test_inference_can_be_turned_off(indexed, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(indexed.settings.citations, "infer", False)
     _, body = doc_text(3)
     first = body.split(". ")[0]

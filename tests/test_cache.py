@@ -33,10 +33,10 @@ from rag.cache import (
     make_answer_cache,
     normalise_question,
 )
-from ragqa.cli import cli
 from rag.config import CacheSettings, SourceConfig
 from rag.services import Services
 from rag.types import Filters
+from ragqa.cli import cli
 from serve.app import create_app
 from tests.conftest import make_settings
 from tests.fixtures.cache import NO_REDIS, REDIS_URL, Counting, ask, done, flush_redis

@@ -27,9 +27,9 @@ from rag.metrics import REGISTRY
 from rag.services import Services
 from serve.app import create_app
 from tests.conftest import make_settings
+from tests.fixtures.cache import NO_REDIS, REDIS_URL, Counting, flush_redis
 from tests.httpserver import LocalServer, serve_dir
 from tests.live import live, wait_for
-from tests.fixtures.cache import NO_REDIS, REDIS_URL, Counting, flush_redis
 
 STATUS = "What is the service status?"
 PAGES = {

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ingest.chunking import Chunker, approx_token_count
@@ -17,7 +19,7 @@ def test_chunks_fit_the_token_budget_and_overlap():
     assert len(chunks) > 5
     assert all(approx_token_count(c.text) <= 40 for c in chunks)
     # Consecutive chunks share words (the overlap).
-    shared = [set(a.text.split()[-6:]) & set(b.text.split()[:12]) for a, b in zip(chunks, chunks[1:])]
+    shared = [set(a.text.split()[-6:]) & set(b.text.split()[:12]) for a, b in itertools.pairwise(chunks)]
     assert sum(1 for s in shared if s) >= len(shared) - 1
 
 

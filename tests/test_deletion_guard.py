@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from ingest.pipeline import reindex
 from ingest.services import open_services
-from ragqa.cli import cli
 from rag.metrics import REGISTRY
+from ragqa.cli import cli
 from tests.conftest import make_settings
 from tests.corpus import index_notes
 

@@ -126,9 +126,9 @@ class _Refusing(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer  # noqa: N815 - http.server's names
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer  # http.server's names
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - signature of the base
+    def log_message(self, format: str, *args: object) -> None:  # signature of the base
         pass
 
 

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from evals.answers import load_qa, run_answer_eval, sample
 from evals.qa_metrics import f1
-from ragqa.cli import cli
 from rag.errors import ConfigError
 from rag.packing import PackedContext
 from rag.prompts import build_prompt
+from ragqa.cli import cli
 
 DATA = Path(__file__).parent / "data"
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from evals.cache_eval import DEFAULT_PAIRS, guard_sets, load_pairs, parse_thresholds
 from evals.cache_pairs import FIXTURE, build_pairs, fixture
-from ragqa.cli import cli
 from rag.errors import ConfigError
+from ragqa.cli import cli
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from evals.compare import compare, gate, load_run
-from ragqa.cli import cli
 from rag.errors import ConfigError
+from ragqa.cli import cli
 
 
 def _rows(right: list[int], *, f1: list[float] | None = None, ttft: list[float] | None = None,

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from evals.retrieval import Variant, load_beir, parse_variant, run_retrieval_eval
-from ragqa.cli import cli
 from rag.errors import ConfigError
+from ragqa.cli import cli
 from tests.corpus import doc_text
 
 HASH = {"embedder": {"backend": "hash", "dim": 256, "progress": False}, "vector": {"backend": "numpy"}}

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("schemathesis")
 
-from tests.fixtures.keys import bearer, keyed_server  # noqa: E402
+from tests.fixtures.keys import bearer, keyed_server
 
 CASES_PER_ROUTE = 40
 

@@ -21,7 +21,7 @@ def _has_gpu() -> bool:
             return pynvml.nvmlDeviceGetCount() > 0
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no NVML library or no driver
+    except Exception:  # noqa: BLE001 - no NVML library or no driver
         pass
     try:
         import torch

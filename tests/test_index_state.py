@@ -36,7 +36,7 @@ def test_services_without_a_state_say_how_to_get_one(tmp_path: Path) -> None:
 def test_a_given_state_factory_is_used(tmp_path: Path) -> None:
     opened: list[StateDB] = []
 
-    def factory(settings):  # noqa: ANN001, ANN202
+    def factory(settings):
         opened.append(StateDB(Path(settings.data_dir) / "other.db"))
         return opened[-1]
 

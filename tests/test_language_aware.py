@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from evals.retrieval import parse_variant
 from ingest.pipeline import reindex
 from ingest.services import open_services
-from ragqa.cli import cli
 from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.lang import detect_lang, model_languages
@@ -22,6 +21,7 @@ from rag.retrieval import HybridRetriever
 from rag.retrieval.adaptive import Leg, adaptive_weights
 from rag.retrieval.hybrid import UNCOVERED_SHARE
 from rag.services import Services
+from ragqa.cli import cli
 from tests.conftest import make_settings
 
 DATA = Path(__file__).parent / "data"

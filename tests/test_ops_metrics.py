@@ -25,8 +25,8 @@ from click.testing import CliRunner
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragqa.cli import cli
 from rag.services import Services
+from ragqa.cli import cli
 from tests.corpus import question
 
 INFRA = Path(__file__).resolve().parent.parent / "infra"

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 import ingest.pipeline as pipeline
 from ingest.progress import RunProgress, describe
 from ingest.services import open_services
-from ragqa.cli import cli
 from rag.config import SourceConfig
+from ragqa.cli import cli
 from tests.conftest import make_settings
 from tests.corpus import write_folder
 

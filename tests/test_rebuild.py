@@ -190,7 +190,7 @@ def test_reads_never_fail_nor_see_partial_content_during_a_rebuild(
         other = backend.open()
         stop, errors, saw_new = threading.Event(), [], []
 
-        def read(index) -> None:
+        def read(index, backend=backend, stop=stop, errors=errors, saw_new=saw_new) -> None:
             try:
                 while not stop.is_set():
                     for got in (index.chunk_ids(), backend.hit_ids(index)):

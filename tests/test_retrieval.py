@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ragqa.cli import cli
 from rag.errors import ConfigError
 from rag.filters import parse_filters
 from rag.retrieval import MODES, HybridRetriever, rrf
 from rag.search import search
 from rag.types import Chunk, Hit
+from ragqa.cli import cli
 from tests.corpus import doc_text
 
 

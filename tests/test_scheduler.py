@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_jobs_run_on_schedule_and_persist(tmp_path):
     assert services.state.counts("docs")[0] == 1
     # Runs of one source never overlap: each started after the previous one finished.
     ordered = sorted(runs, key=lambda r: r["started_at"])
-    assert all(b["started_at"] >= a["finished_at"] for a, b in zip(ordered, ordered[1:]))
+    assert all(b["started_at"] >= a["finished_at"] for a, b in itertools.pairwise(ordered))
     assert (services.data_dir / "jobs.db").exists()
     services.close()
 

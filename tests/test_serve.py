@@ -23,8 +23,8 @@ import pytest
 from click.testing import CliRunner
 from filelock import FileLock
 
-from ragqa.cli import cli
 from rag.services import Services
+from ragqa.cli import cli
 from serve.app import create_app
 from tests.corpus import doc_text, question
 from tests.live import MAX_BODY, live, sse_events

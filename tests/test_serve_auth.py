@@ -7,7 +7,6 @@ keys are real ones, made as ``ragqa keys create`` makes them and configured by t
 from __future__ import annotations
 
 import asyncio
-
 import json
 import os
 import secrets
@@ -31,6 +30,7 @@ from serve.auth import hash_key, new_key
 from tests.corpus import NEW, OLD, index_notes, question
 from tests.fixtures.keys import KEYS, LIMIT, auth_settings, bearer
 from tests.live import live, sse_events
+
 
 def with_serve(settings: Settings, **update: object) -> Settings:
     return settings.model_copy(update={"serve": settings.serve.model_copy(update=update)})

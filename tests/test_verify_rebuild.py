@@ -84,7 +84,7 @@ def test_verify_finds_and_repairs_drift(indexed: Services):
     assert set(by_index["lexical"].extra) == stray_ids == set(by_index["vector"].extra)
     assert report.drift == 1 + len(doc_chunks) + 2 * len(stray_ids) + (
         len(stray_ids) if "vector_cache" in by_index else 0)
-    assert INDEX_DRIFT_CHUNKS.labels("lexical")._value.get() == 1 + len(stray_ids)  # noqa: SLF001
+    assert INDEX_DRIFT_CHUNKS.labels("lexical")._value.get() == 1 + len(stray_ids)
 
     repaired = verify(s, repair=True)
     assert repaired.repaired == report.drift

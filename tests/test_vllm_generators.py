@@ -107,7 +107,7 @@ class Server:
             "--enforce-eager", "--max-model-len", str(TINY_MAX_LEN), "--max-num-seqs", "16",
             "--host", "127.0.0.1", "--port", str(self.port), "--uvicorn-log-level", "warning",
         ]
-        self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._out = open(log, "wb")  # closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 400) -> None:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ingest.extract import kind_for, extract
+from ingest.extract import extract, kind_for
 from ingest.sources.base import Fetched, Validator, build_document, path_allowed
 from rag.config import CrawlSettings, SourceConfig
 from rag.errors import FetchError, IngestError

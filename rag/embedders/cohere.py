@@ -108,7 +108,7 @@ class CohereApi:
             raise BackendTimeout(f"{self.role} at {self.endpoint} did not answer within {self.timeout_s:g} s") from exc
         except httpx.TransportError as exc:
             raise BackendUnavailable(f"cannot reach {self.role} at {self.endpoint}: {one_line(exc)}") from exc
-        except Exception as exc:  # noqa: BLE001 - e.g. a response the SDK cannot parse
+        except Exception as exc:  # e.g. a response the SDK cannot parse
             raise self.error(f"{self.role} failed: {type(exc).__name__}: {_text(one_line(exc))}") from exc
 
     def _api_error(self, exc: Any, model: object) -> RagError:

@@ -48,7 +48,7 @@ class CrossEncoderReranker:
 
                         self._model = CrossEncoder(self.model_name, device=self.device,
                                                    max_length=self.max_length)
-                except Exception as exc:  # noqa: BLE001 - any load failure is a config problem
+                except Exception as exc:  # any load failure is a config problem
                     raise ConfigError(f"cannot load cross-encoder {self.model_name!r}: {one_line(exc)}") from exc
         return self._model
 
@@ -59,7 +59,7 @@ class CrossEncoderReranker:
         pairs = [(query, h.chunk.text if h.chunk is not None else "") for h in hits]
         try:
             scores = model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise RerankerError(f"cross-encoder {self.model_name!r} failed: {exc}") from exc
         scored = [Hit(h.chunk_id, float(s), h.doc_id, h.chunk, {**h.explain, "cross_encoder": float(s)})
                   for h, s in zip(hits, scores, strict=True)]

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from ragqa.cli.common import Context, emit, handle_errors
 from rag.errors import ConfigError
+from ragqa.cli.common import Context, emit, handle_errors
 
 __all__ = ["cache_group"]
 

@@ -22,7 +22,7 @@ class Context:
         self._services: Any = None
 
     @property
-    def services(self):  # noqa: ANN201
+    def services(self):
         if self._services is None:
             from ingest.services import open_services
             from rag.config import Settings

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from ragqa.cli.common import Context, emit, handle_errors
 from rag.errors import ConfigError, RagError
+from ragqa.cli.common import Context, emit, handle_errors
 
 __all__ = ["ingest", "reindex", "status", "schedule", "sources_cmd"]
 
