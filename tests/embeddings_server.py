@@ -1,0 +1,215 @@
+"""A real HTTP server on 127.0.0.1 that speaks the OpenAI embeddings protocol with real vectors.
+
+``POST /v1/embeddings`` answers as vLLM's OpenAI-compatible server does (``{"object": "list",
+"data": [{"object": "embedding", "index": i, "embedding": [...]}], "model", "usage"}``), with
+vectors computed by a real model: the ``encode`` callable it is given (in the tests, the
+packaged MiniLM through sentence-transformers). ``GET /v1/models`` lists the served model, and
+``POST /tokenize`` answers as vLLM's does (``count``, ``tokens``, ``max_model_len``) when a
+``tokenize`` callable is given; otherwise it is a 404, as on servers without one. Errors have
+vLLM's and OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``.
+
+Knobs to misbehave, changed by tests while it runs: ``fail_status``/``fail_message`` (for the
+next ``fail_count`` embedding requests, or all when None), ``retry_after`` (a header on
+failures), ``delay_s`` (wait before answering: a hang), ``truncate_to`` (answer with vectors
+cut to this many dimensions: a server that changed model), ``ignore_dimensions`` (answer with
+the model's size whatever a request asks, as servers without Matryoshka support do). Every request is recorded in
+``requests`` (path, headers, parsed JSON body).
+
+Example::
+
+    with serve_embeddings("all-MiniLM-L6-v2", model.encode) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none")
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=["hi"], encoding_format="float")
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EmbeddingsServer", "serve_embeddings"]
+
+Encode = Callable[[list[str]], np.ndarray]
+Tokenize = Callable[[str, bool], list[int]]
+
+
+class ApiFailure(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class EmbeddingsServer:
+    """The state of a running embeddings server. Tests change the knobs while it runs."""
+
+    model: str
+    encode: Encode
+    tokenize: Tokenize | None = None
+    max_model_len: int = 256
+    api_key: str | None = None
+    port: int = 0
+    fail_status: int | None = None
+    fail_message: str = "internal server error"
+    fail_count: int | None = None
+    retry_after: str | None = None
+    delay_s: float = 0.0
+    truncate_to: int | None = None
+    ignore_dimensions: bool = False
+    requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def calls(self, path: str = "/v1/embeddings") -> list[Any]:
+        """The JSON bodies of the requests received for ``path``, in order."""
+        with self.lock:
+            return [body for p, _, body in self.requests if p == path]
+
+    def fail(self, status: int | None, message: str = "internal server error", count: int | None = None,
+             retry_after: str | None = None) -> None:
+        self.fail_status, self.fail_message, self.fail_count = status, message, count
+        self.retry_after = retry_after
+
+    # -- the endpoints ------------------------------------------------------------------------
+    def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("model") != self.model:
+            raise ApiFailure(404, f"The model `{body.get('model')}` does not exist.")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
+            raise ApiFailure(400, "input must be a string or a non-empty list of strings")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiFailure(400, f"encoding_format must be float or base64, not {fmt!r}")
+        if self.tokenize is not None:
+            for text in inputs:
+                if (n := len(self.tokenize(text, True))) > self.max_model_len:
+                    raise ApiFailure(400, f"This model's maximum context length is {self.max_model_len} tokens. "
+                                          f"However, you requested {n} tokens in the input for embedding "
+                                          "generation. Please reduce the length of the input.")
+        vectors = np.asarray(self.encode(inputs), dtype=np.float32)
+        dimensions = body.get("dimensions")
+        if dimensions is not None and not self.ignore_dimensions:
+            if not isinstance(dimensions, int) or not 0 < dimensions <= vectors.shape[1]:
+                raise ApiFailure(400, f"dimensions must be between 1 and {vectors.shape[1]}")
+            vectors = vectors[:, :dimensions]
+        if self.truncate_to is not None:  # a server that changed model
+            vectors = vectors[:, : self.truncate_to]
+        data = [{"object": "embedding", "index": i,
+                 "embedding": (row.tolist() if fmt == "float" else base64.b64encode(row.tobytes()).decode())}
+                for i, row in enumerate(vectors)]
+        tokens = sum(len(self.tokenize(t, True)) if self.tokenize else len(t.split()) for t in inputs)
+        return {"id": f"embd-{time.monotonic_ns()}", "object": "list", "created": int(time.time()),
+                "model": self.model, "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    def tokenize_endpoint(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.tokenize is None:
+            raise ApiFailure(404, "Not Found")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ApiFailure(400, "prompt must be a string")
+        tokens = self.tokenize(prompt, bool(body.get("add_special_tokens", True)))
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                            "owned_by": "ragqa-tests", "max_model_len": self.max_model_len}]}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        if self.path == "/v1/models":
+            return self._send(200, state.models())
+        return self._error(404, "Not Found")
+
+    def do_POST(self) -> None:
+        state = self.server.state
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        embedding = self.path == "/v1/embeddings"
+        with state.lock:
+            state.requests.append((self.path, dict(self.headers), body))
+            failing = embedding and state.fail_status is not None and (state.fail_count is None or state.fail_count > 0)
+            if failing and state.fail_count is not None:
+                state.fail_count -= 1
+        if embedding and state.delay_s:
+            time.sleep(state.delay_s)
+        if state.api_key is not None and self.headers.get("Authorization") != f"Bearer {state.api_key}":
+            return self._error(401, "Unauthorized")
+        if failing:
+            return self._error(state.fail_status or 500, state.fail_message)
+        endpoint = {"/v1/embeddings": state.embeddings, "/tokenize": state.tokenize_endpoint}.get(self.path)
+        if endpoint is None:
+            return self._error(404, "Not Found")
+        if not isinstance(body, dict):
+            return self._error(400, "the request body is not a JSON object")
+        try:
+            self._send(200, endpoint(body))
+        except ApiFailure as exc:
+            self._error(exc.status, exc.message)
+
+    def _error(self, status: int, message: str) -> None:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}.get(status, "InternalServerError")
+        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status >= 400 and self.server.state.retry_after is not None:
+                self.send_header("Retry-After", self.server.state.retry_after)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+            self.close_connection = True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    state: EmbeddingsServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up mid-request; tests look at what was recorded instead
+
+
+@contextmanager
+def serve_embeddings(model: str, encode: Encode, tokenize: Tokenize | None = None, *,
+                     max_model_len: int = 256, api_key: str | None = None) -> Iterator[EmbeddingsServer]:
+    """Run an embeddings server on a free port of 127.0.0.1 for the duration of the block."""
+    httpd = _Server(("127.0.0.1", 0), _Handler)
+    state = EmbeddingsServer(model=model, encode=encode, tokenize=tokenize, max_model_len=max_model_len,
+                             api_key=api_key, port=httpd.server_address[1])
+    httpd.state = state
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
