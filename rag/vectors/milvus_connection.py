@@ -84,7 +84,9 @@ def open_client(uri: str, token: str | None, timeout_s: float) -> MilvusClient:
         if lite and _lite_file_locked(uri):
             raise DataDirLocked(
                 f"Milvus Lite file {uri} is open in another process (Milvus Lite "
-                "allows one process per file); stop it, or run a Milvus server"
+                "allows one process per file); stop it, or run a Milvus server. While `ragqa serve` "
+                "holds it, reindex through the server: `ragqa serve --with-scheduler`, or "
+                "POST /v1/sources/<name>/reindex with an admin key"
             ) from exc
         raise
 
