@@ -22,10 +22,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -98,7 +100,14 @@ class _Pending:
 
 
 class _Indexer:
-    """Embeds and writes changed documents in batches, then records them in the state."""
+    """Embeds and writes changed documents in batches, then records them in the state.
+
+    A batch is embedded and written on a thread of its own while the crawl goes on fetching,
+    parsing and chunking the next one (the embedder releases the GIL while it computes), so
+    the embedder does not wait for extraction. One batch at a time: :meth:`flush` waits for
+    the batch before, so batches are written in order and memory holds at most two. Parsing
+    stays on the crawl's thread (lxml trees are best freed by the thread that made them).
+    """
 
     def __init__(self, services: Services, report: RunReport, progress: RunProgress) -> None:
         self.s = services
@@ -110,6 +119,8 @@ class _Indexer:
         self.held: list[tuple[Document, str, Fetched]] = []
         self.pending: list[_Pending] = []
         self.pending_chunks = 0
+        self._writer: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
 
     def _chunker(self) -> Chunker:
         emb = self.s.embedder
@@ -142,11 +153,32 @@ class _Indexer:
             self.flush()
 
     def flush(self) -> None:
+        """Hand the pending documents to the writer thread, once the batch before is written."""
         if self.chunker is None and self.held:
             self._choose()
         batch, self.pending, self.pending_chunks = self.pending, [], 0
         if not batch:
             return
+        self.wait()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragqa-index")
+        self._writing = self._writer.submit(self._write, batch)
+
+    def wait(self) -> None:
+        """Until the batch being written is done; its error, if any, is raised here."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def close(self) -> None:
+        """Wait for the last batch (its error is raised) and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+
+    def _write(self, batch: list[_Pending]) -> None:
         chunks = [c for p in batch for c in p.chunks]
         matrix, embedded = vectors_for(self.s, chunks)
         self.report.chunks_embedded += embedded
@@ -205,6 +237,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
     report = RunReport(source=source, mode=mode)
     started = time.monotonic()
     run_id = state.start_run(source, mode)
+    indexer: _Indexer | None = None
     try:
         if not services.embedder_undecided:  # else checked once the first documents choose it
             _check_embedder(services)
@@ -265,6 +298,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
                 indexer.add(doc, h, item)
         bar.close()
         indexer.flush()
+        indexer.close()
 
         report.complete = crawler.complete
         to_delete = set(gone)
@@ -290,6 +324,9 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         report.chunks_deleted = delete_documents(services, sorted(to_delete))
         report.deleted = len(to_delete)
     except BaseException as exc:
+        if indexer is not None:  # the batch being written finishes (or fails) before the run is logged
+            with contextlib.suppress(Exception):
+                indexer.close()
         report.seconds = round(time.monotonic() - started, 3)
         report.errors.append(str(exc) or type(exc).__name__)
         state.finish_run(run_id, "error", report.as_dict())
