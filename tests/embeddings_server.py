@@ -5,7 +5,9 @@
 vectors computed by a real model: the ``encode`` callable it is given (in the tests, the
 packaged MiniLM through sentence-transformers). ``GET /v1/models`` lists the served model, and
 ``POST /tokenize`` answers as vLLM's does (``count``, ``tokens``, ``max_model_len``) when a
-``tokenize`` callable is given; otherwise it is a 404, as on servers without one. Errors have
+``tokenize`` callable is given (and ``serve_tokenize`` is on); otherwise it is a 404, as on
+servers without one. With ``tokenize``, an input longer than ``max_model_len`` tokens is a 400,
+unless the request sets vLLM's ``truncate_prompt_tokens``. Errors have
 vLLM's and OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``.
 
 Knobs to misbehave, changed by tests while it runs: ``fail_status``/``fail_message`` (for the
@@ -65,6 +67,7 @@ class EmbeddingsServer:
     delay_s: float = 0.0
     truncate_to: int | None = None
     ignore_dimensions: bool = False
+    serve_tokenize: bool = True
     requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -94,7 +97,11 @@ class EmbeddingsServer:
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise ApiFailure(400, f"encoding_format must be float or base64, not {fmt!r}")
-        if self.tokenize is not None:
+        truncate = body.get("truncate_prompt_tokens")
+        if truncate is not None and (not isinstance(truncate, int) or truncate > self.max_model_len):
+            raise ApiFailure(400, f"truncate_prompt_tokens value ({truncate}) is greater than "
+                                  f"max_model_len ({self.max_model_len}). Please, select a smaller truncation size.")
+        if self.tokenize is not None and truncate is None:  # else ``encode`` cuts at the model's length
             for text in inputs:
                 if (n := len(self.tokenize(text, True))) > self.max_model_len:
                     raise ApiFailure(400, f"This model's maximum context length is {self.max_model_len} tokens. "
@@ -116,7 +123,7 @@ class EmbeddingsServer:
                 "model": self.model, "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     def tokenize_endpoint(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.tokenize is None:
+        if self.tokenize is None or not self.serve_tokenize:
             raise ApiFailure(404, "Not Found")
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

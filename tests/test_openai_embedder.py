@@ -92,15 +92,18 @@ def test_vectors_equal_the_local_models(make: Callable[..., OpenAIEmbedder], min
     bodies = server.calls()
     assert [len(b["input"]) for b in bodies] == [2, 2, 1, 1]  # batches of 2, in order, then the query
     assert all(b["encoding_format"] == "float" and b["model"] == MODEL and "dimensions" not in b for b in bodies)
+    assert all(b["truncate_prompt_tokens"] == 256 for b in bodies)  # vLLM (it serves /tokenize): cut, not refused
     assert embedder.embed_documents([]).shape == (0, 384)
 
 
-def test_counts_tokens_with_the_servers_tokenizer(make: Callable[..., OpenAIEmbedder],
-                                                  minilm: SentenceTransformerEmbedder) -> None:
+def test_chunk_sizes_fit_the_served_model(make: Callable[..., OpenAIEmbedder],
+                                          minilm: SentenceTransformerEmbedder, server: EmbeddingsServer) -> None:
     embedder = make()
-    text = "Tokenizers split unbelievably long words into word-pieces."
-    assert embedder.count_tokens(text) == minilm.count_tokens(text)
-    assert embedder.max_text_tokens == minilm.max_text_tokens == 254
+    assert embedder.max_text_tokens == minilm.max_text_tokens == 254  # vLLM's max_model_len, less [CLS] [SEP]
+    for text in DOCS + ["北京是中国的首都。", "Tokenizers split unbelievably long words into word-pieces."]:
+        assert embedder.count_tokens(text) >= minilm.count_tokens(text)  # an over-estimate: chunks fit
+    # The estimate asks nothing of the server (a request per count would make chunking slow).
+    assert len(server.calls("/tokenize")) == 1
 
 
 def test_estimates_tokens_without_a_tokenize_endpoint(minilm: SentenceTransformerEmbedder) -> None:
@@ -175,11 +178,20 @@ def test_waits_as_a_429_retry_after_asks(make: Callable[..., OpenAIEmbedder], se
 
 def test_a_400_fails_at_once_with_the_servers_message(make: Callable[..., OpenAIEmbedder],
                                                       server: EmbeddingsServer) -> None:
+    server.serve_tokenize = False  # not vLLM, as far as the embedder can tell: nothing is cut
     embedder = make()
     with pytest.raises(EmbedderError, match=r"rejected the request \(400\): This model's maximum context length is 256") as err:
         embedder.embed_documents(["word " * 600])
     assert server.base_url in str(err.value)
     assert len(server.calls()) == 1  # not retried
+
+
+def test_vllm_cuts_an_overlong_passage_as_the_local_model_does(make: Callable[..., OpenAIEmbedder],
+                                                               minilm: SentenceTransformerEmbedder) -> None:
+    text = "Code like x[i] = f(y, *z) ** 2 has more tokens than characters/3. " * 40
+    assert minilm.count_tokens(text) > 256
+    remote = make().embed_documents([text])[0]
+    assert float(remote @ minilm.embed_documents([text])[0]) > 0.9999
 
 
 def test_gives_up_after_the_retries(make: Callable[..., OpenAIEmbedder], server: EmbeddingsServer) -> None:

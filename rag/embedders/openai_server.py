@@ -23,12 +23,16 @@ Failure rules:
 The embedder's identity (``name``) is ``openai:<model>``, so an index built through one served
 model refuses another (the guard compares ``name:dim``).
 
-Tokens, which size the chunks: vLLM serves ``POST /tokenize`` beside ``/v1``; when it answers,
-``count_tokens`` is the served model's own count (cached per text) and ``max_text_tokens`` is
-its ``max_model_len`` less two special tokens. Other servers (TEI, hosted APIs) get an
-estimate: one token per CJK character plus one per 3 other characters, more than WordPiece or
-BPE tokenizers count for English and Chinese, so chunks stay within what the model reads (and
-come out about a third smaller than ``chunking.size_tokens`` for English text).
+Tokens, which size the chunks: ``count_tokens`` is an estimate, one token per CJK character
+plus one per 3 other characters, more than WordPiece or BPE tokenizers count for English and
+Chinese prose. It is not asked of the server: the chunker counts each candidate piece, about
+6 calls per chunk, and one ``/tokenize`` request per call made chunking this project's docs
+take seconds instead of 0.06 s on loopback, longer than a GPU takes to embed them. vLLM
+serves ``POST /tokenize`` beside ``/v1``; when it answers (asked once), ``max_text_tokens`` is
+its ``max_model_len`` less two special tokens, and every request carries
+``truncate_prompt_tokens`` so that a passage the estimate let through too long (dense code,
+scripts with many tokens per character) is cut as sentence-transformers cuts it, not refused.
+Other servers (TEI, hosted APIs) know nothing of that parameter and get none.
 
 Example::
 
@@ -42,7 +46,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -104,10 +107,8 @@ class OpenAIEmbedder:
         self._client: openai.OpenAI | None = None
         self._lock = threading.Lock()
         self._tokenize_url = self.base_url.removesuffix("/v1") + "/tokenize"
-        self._tokenizer: httpx.Client | None = None
         self._probed = False
-        self._max_model_len: int | None = None
-        self._count_remote = functools.lru_cache(maxsize=65536)(self._count_uncached)
+        self._max_model_len: int | None = None  # known when the server is vLLM
 
     @classmethod
     def from_settings(cls, settings: EmbedderSettings) -> OpenAIEmbedder:
@@ -141,11 +142,8 @@ class OpenAIEmbedder:
 
     # -- tokens, for the chunker --------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        """The served model's token count (vLLM ``/tokenize``), else :func:`estimate_tokens`."""
-        self._probe()
-        if self._tokenizer is None:
-            return estimate_tokens(text)
-        return self._count_remote(text)
+        """:func:`rag.generators.openai_server.estimate_tokens`, an over-estimate for prose."""
+        return estimate_tokens(text)
 
     @property
     def max_text_tokens(self) -> int | None:
@@ -157,11 +155,8 @@ class OpenAIEmbedder:
         """Close the connections; a later call opens new ones."""
         with self._lock:
             client, self._client = self._client, None
-            tokenizer, self._tokenizer, self._probed = self._tokenizer, None, False
         if client is not None:
             client.close()
-        if tokenizer is not None:
-            tokenizer.close()
 
     # -- the calls ----------------------------------------------------------------------------
     def _http_headers(self) -> dict[str, str]:
@@ -182,9 +177,12 @@ class OpenAIEmbedder:
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         client = self._sdk()
+        self._probe()
         import openai
 
         extra: dict[str, Any] = {} if self.dimensions is None else {"dimensions": self.dimensions}
+        if self._max_model_len is not None:
+            extra["extra_body"] = {"truncate_prompt_tokens": self._max_model_len}
         try:
             response = client.embeddings.create(model=self.model, input=texts, encoding_format="float", **extra)
         except openai.APITimeoutError as exc:
@@ -235,32 +233,16 @@ class OpenAIEmbedder:
         return vectors
 
     def _probe(self) -> None:
-        """Find out once whether the server counts tokens (vLLM's ``/tokenize``)."""
+        """Find out once whether the server is vLLM, and its ``max_model_len`` (``/tokenize``)."""
         with self._lock:
             if self._probed:
                 return
             self._probed = True
-            client = httpx.Client(headers=self._http_headers(), timeout=min(self.timeout_s, 5.0))
             try:
-                probe = client.post(self._tokenize_url, json={"model": self.model, "prompt": "ok"})
+                with httpx.Client(headers=self._http_headers(), timeout=min(self.timeout_s, 5.0)) as http:
+                    probe = http.post(self._tokenize_url, json={"model": self.model, "prompt": "ok"})
                 answer = probe.json() if probe.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
-                answer = None
-            if not isinstance(answer, dict) or not isinstance(answer.get("count"), int):
-                client.close()
-                return
-            self._tokenizer = client
-            length = answer.get("max_model_len")
+                answer = None  # not vLLM, or not answering yet: the embedding request will say
+            length = answer.get("max_model_len") if isinstance(answer, dict) else None
             self._max_model_len = length if isinstance(length, int) and length > SPECIAL_TOKENS else None
-
-    def _count_uncached(self, text: str) -> int:
-        tokenizer = self._tokenizer
-        if tokenizer is None:
-            return estimate_tokens(text)
-        try:
-            resp = tokenizer.post(self._tokenize_url,
-                                  json={"model": self.model, "prompt": text, "add_special_tokens": False})
-            resp.raise_for_status()
-            return int(resp.json()["count"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return estimate_tokens(text)  # a hiccup costs a rougher chunk boundary, not the ingest
