@@ -319,7 +319,7 @@ def _model_info(settings: Settings) -> dict[str, Any]:
     if quant is None and gen.backend == "llamacpp":
         file = PACKAGED_MODELS[model].filename if model in PACKAGED_MODELS else str(model)
         found = re.search(r"(?i)(iq\d_\w+|q\d_k_[sml]|q\d_k|q\d_\d|bf16|f16|f32)", file)
-        quant = found.group(1).upper() if found else None
+        quant = found.group(1).upper() if found else None  # type: ignore[assignment]
     return {"generator": gen.backend, "model": model, "quantization": quant}
 
 

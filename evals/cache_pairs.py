@@ -453,7 +453,7 @@ def build_pairs(data: Path, seed: int = SEED) -> list[dict[str, Any]]:
 
     for lang, rules in POSITIVE_RULES.items():
         for kind, rule in rules.items():
-            draw(lang, kind, lambda qid, rng, rule=rule, lang=lang: _pair(questions[qid][lang], rule(
+            draw(lang, kind, lambda qid, rng, rule=rule, lang=lang: _pair(questions[qid][lang], rule(  # type: ignore[misc]
                 questions[qid][lang], rng)))
     draw("en-zh", "translation", lambda qid, rng: (questions[qid]["en"], questions[qid]["zh"]))
     for x, y in HUMAN_PARAPHRASES:
@@ -482,12 +482,12 @@ def build_pairs(data: Path, seed: int = SEED) -> list[dict[str, Any]]:
         for qid in ids:
             pools[questions[qid]["article"]].extend(names(questions[qid][lang]))
         pool = {article: sorted(set(found)) for article, found in pools.items()}
-        draw(lang, "swap-entity", lambda qid, rng, lang=lang, names=names, pool=pool: _pair(
+        draw(lang, "swap-entity", lambda qid, rng, lang=lang, names=names, pool=pool: _pair(  # type: ignore[misc]
             questions[qid][lang], swap_entity(questions[qid][lang], pool[questions[qid]["article"]], names, rng)))
-        draw(lang, "swap-number", lambda qid, rng, lang=lang: _pair(questions[qid][lang], swap_number(
+        draw(lang, "swap-number", lambda qid, rng, lang=lang: _pair(questions[qid][lang], swap_number(  # type: ignore[misc]
             questions[qid][lang], rng)))
         negate = en_negated if lang == "en" else zh_negated
-        draw(lang, "negated", lambda qid, rng, lang=lang, negate=negate: _pair(questions[qid][lang], negate(
+        draw(lang, "negated", lambda qid, rng, lang=lang, negate=negate: _pair(questions[qid][lang], negate(  # type: ignore[misc]
             questions[qid][lang], rng)))
     return rows
 

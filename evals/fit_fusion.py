@@ -45,7 +45,7 @@ def docs_of(chunks: Sequence[str], doc: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(doc[c] for c in chunks if doc.get(c)))
 
 
-def fused(q: dict, weights: tuple[float, float], k: float = 60) -> list[str]:
+def fused(q: dict, weights: tuple[float, ...], k: float = 60) -> list[str]:
     lists = [[c for c, _, _ in q["bm25"]], [c for c, _, _ in q["vector"]]]
     if weights[1] <= 0:
         lists, weights = lists[:1], weights[:1]
@@ -98,7 +98,7 @@ def training_rows(data: dict) -> list[tuple[np.ndarray, float]]:
     for q in data["queries"]:
         if not covers(data["languages"], detect_lang(q["text"])):
             continue
-        b, v = (evaluate(q, lambda _q, w=w: w) for w in ((1.0, 0.0), (0.0, 1.0)))
+        b, v = (evaluate(q, lambda _q, w=w: w) for w in ((1.0, 0.0), (0.0, 1.0)))  # type: ignore[misc]
         rows.append((features(*legs(q), q["text"]), v - b))
     return rows
 
@@ -112,7 +112,7 @@ def report(sets: dict[str, dict], coefs: dict[str, tuple[np.ndarray, float] | No
         coef = coefs.get(name)
         kw = {} if coef is None else {"coef": coef[0], "intercept": coef[1]}
         scores = {}
-        wvec = []
+        wvec: list[float] = []
         for label, rule in (("bm25", lambda q: (1.0, 0.0)), ("vector", lambda q: (0.0, 1.0)),
                             ("rrf 1,1", lambda q, data=data: gate(data, q, (1.0, 1.0))),
                             ("rrf 1,0.5", lambda q, data=data: gate(data, q, (1.0, 0.5)))):
@@ -126,7 +126,7 @@ def report(sets: dict[str, dict], coefs: dict[str, tuple[np.ndarray, float] | No
         scores["adaptive"] = np.array([evaluate(q, adaptive) for q in qs])
         best = max(("bm25", "vector"), key=lambda m: scores[m].mean())
         d = scores["adaptive"].mean() - scores[best].mean()
-        p = paired_p(scores["adaptive"], scores[best])
+        p = paired_p(scores["adaptive"].tolist(), scores[best].tolist())
         print(f"| {name} | {len(qs)} | " + " | ".join(f"{scores[m].mean():.3f}" for m in
                                                     ("bm25", "vector", "rrf 1,1", "rrf 1,0.5", "adaptive"))
               + f" | {d:+.3f} vs {best} ({p:.2f}) | {np.mean(wvec):.2f} |")

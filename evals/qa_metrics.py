@@ -123,7 +123,7 @@ def contains_gold(answer: str, golds: Sequence[str] | Sequence[Sequence[str]], l
     """The answer holds a gold alternative; with parts (a list of lists), one of each part."""
     text = strip_labels(answer)
     if golds and not isinstance(golds[0], str):
-        parts = [list(p) for p in golds]  # type: ignore[arg-type]
+        parts = [list(p) for p in golds]
         return bool(parts) and all(any(_holds(text, g, lang) for g in part) for part in parts)
     return any(_holds(text, g, lang) for g in golds)  # type: ignore[arg-type]
 

@@ -42,7 +42,7 @@ from typing import Any
 import ir_measures
 from ir_measures import RR, R, nDCG
 
-from ingest.services import open_services
+from ingest.services import open_services, state_db
 from rag.config import Settings, SourceConfig
 from rag.errors import ConfigError
 from rag.retrieval import MODES, HybridRetriever
@@ -111,7 +111,7 @@ def parse_weights(text: str) -> tuple[float, float] | None:
         values = ()
     if len(values) != 2 or any(v < 0 for v in values) or not any(values):
         raise ConfigError(f"weights must be two non-negative numbers BM25,VECTOR (not both 0), got {text!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _num(text: str) -> str:
@@ -253,7 +253,7 @@ def build_variants(modes: Sequence[str], variants: Sequence[str | Variant] = (),
     shared = {"candidates": candidates, "rrf_k": rrf_k, "weights": weights, "language_aware": language_aware}
     fixed = None if weights is None else parse_weights(",".join(map(str, weights)))
     out = [Variant(m, m, int(candidates), float(rrf_k), fixed, language_aware) for m in modes]
-    out += [v if isinstance(v, Variant) else parse_variant(v, **shared) for v in variants]
+    out += [v if isinstance(v, Variant) else parse_variant(v, **shared) for v in variants]  # type: ignore[arg-type]
     seen: set[str] = set()
     for v in out:
         if v.name in seen:
@@ -351,7 +351,7 @@ def ingest_corpus(services: Services, corpus: Corpus, folder: Path) -> dict[str,
         doc_of[f"{SOURCE}:{name}"] = doc_id
     langs = {doc["lang"] for doc in corpus.values()}
     lang = langs.pop() if len(langs) == 1 and "" not in langs else None
-    services.state.add_source(SourceConfig(name=SOURCE, kind="folder", location=str(folder),
+    state_db(services).add_source(SourceConfig(name=SOURCE, kind="folder", location=str(folder),
                                            lang=lang, max_pages=max(1, len(corpus))))
     started = time.perf_counter()
     with services.write_lock():

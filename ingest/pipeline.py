@@ -36,6 +36,7 @@ from tqdm import tqdm
 from ingest.chunking import Chunker
 from ingest.normalize import text_hash
 from ingest.progress import RunProgress
+from ingest.services import state_db
 from ingest.sources import open_source
 from ingest.sources.base import Fetched, Validator
 from ingest.vectors import vectors_for
@@ -193,7 +194,7 @@ class _Indexer:
             if chunks:
                 index.upsert(chunks, matrix)
         for p in batch:
-            self.s.state.save_document(p.doc, p.hash, p.fetched.etag, p.fetched.last_modified, p.chunks)
+            state_db(self.s).save_document(p.doc, p.hash, p.fetched.etag, p.fetched.last_modified, p.chunks)
 
 
 def _check_embedder(services: Services) -> None:
@@ -217,7 +218,7 @@ def delete_documents(services: Services, doc_ids: Sequence[str]) -> int:
     services.lexical.delete_documents(doc_ids)
     for index in services.vector_indexes():
         index.delete_documents(doc_ids)
-    return services.state.delete_documents(doc_ids)
+    return state_db(services).delete_documents(doc_ids)
 
 
 def reindex(services: Services, source: str, mode: Mode = "incremental", *,
@@ -232,8 +233,8 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
     """
     if mode not in ("full", "incremental"):
         raise ConfigError(f"mode must be 'full' or 'incremental', not {mode!r}")
-    cfg = services.state.source(source)
-    state = services.state
+    state = state_db(services)
+    cfg = state.source(source)
     report = RunReport(source=source, mode=mode)
     started = time.monotonic()
     run_id = state.start_run(source, mode)

@@ -29,6 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ingest.services import state_db
 from ingest.vectors import vectors_for
 from rag.services import Services
 from rag.types import Chunk
@@ -66,10 +67,10 @@ def rebuild(services: Services, *, progress: bool = False) -> RebuildReport:
         report.removed_orphans += [f"{name}:{o}" for o in orphans]
     fresh = {name: index.begin_rebuild() for name, index in targets.items()}
     try:
-        total = services.state.counts()[1]
+        total = state_db(services).counts()[1]
         bar = tqdm(total=total, desc="rebuild", unit="chunk", file=sys.stderr,
                    disable=None if progress else True)
-        for batch in _batches(services.state.iter_chunks(), BATCH):
+        for batch in _batches(state_db(services).iter_chunks(), BATCH):
             # Vectors are read from the live cache while a new cache is being written.
             vectors, embedded = vectors_for(services, batch)
             report.chunks_embedded += embedded

@@ -25,6 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from ingest.services import state_db
 from rag.errors import ConfigError, DataDirLocked, RagError
 from rag.services import Services
 
@@ -81,7 +82,7 @@ def sync_jobs(scheduler: BaseScheduler, services: Services) -> list[str]:
     """Make the stored jobs match the registered sources, keeping their next run times."""
     cfg = services.settings.schedule
     wanted: dict[str, tuple[str, str, CronTrigger]] = {}
-    for src in services.state.sources():
+    for src in state_db(services).sources():
         wanted[f"{src.name}:full"] = (src.name, "full", parse_cron(cfg.full_cron, cfg.timezone))
         wanted[f"{src.name}:incremental"] = (
             src.name, "incremental", parse_cron(cfg.incremental_cron, cfg.timezone))

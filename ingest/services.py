@@ -20,7 +20,7 @@ from rag.config import Settings
 from rag.services import Services
 from rag.types import Embedder, Generator
 
-__all__ = ["open_services", "open_state"]
+__all__ = ["open_services", "open_state", "state_db"]
 
 
 def open_state(settings: Settings) -> StateDB:
@@ -30,6 +30,18 @@ def open_state(settings: Settings) -> StateDB:
     state = StateDB(data_dir / "state.db")
     for source in settings.sources:
         state.add_source(source)
+    return state
+
+
+def state_db(services: Services) -> StateDB:
+    """``services.state`` as the :class:`StateDB` that :func:`open_services` gave it.
+
+    The core types the state as :class:`rag.types.IndexState`, the little it reads; ingestion,
+    the server and the evals also list sources, record runs and save documents.
+    """
+    state = services.state
+    if not isinstance(state, StateDB):
+        raise TypeError(f"these services' state is a {type(state).__name__}, not the StateDB of open_services")
     return state
 
 

@@ -311,7 +311,7 @@ class StateDB:
         return out
 
     def iter_chunks(self, source: str | None = None) -> Iterator[Chunk]:
-        sql, args = "SELECT data FROM chunks", ()
+        sql, args = "SELECT data FROM chunks", tuple[str, ...]()
         if source is not None:
             sql, args = sql + " WHERE source = ?", (source,)
         for r in self._rows(sql + " ORDER BY doc_id, ordinal", args):
@@ -364,7 +364,7 @@ class StateDB:
         return rows[0]["t"] if rows and rows[0]["t"] is not None else None
 
     def runs(self, source: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM runs", ()
+        sql, args = "SELECT * FROM runs", tuple[str, ...]()
         if source is not None:
             sql, args = sql + " WHERE source = ?", (source,)
         return [dict(r) for r in self._rows(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))]

@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ingest.services import state_db
 from ingest.vectors import vectors_for
 from rag.metrics import DRIFT_META, INDEX_DRIFT_CHUNKS
 from rag.services import Services
@@ -63,7 +64,7 @@ class VerifyReport:
 
 def verify(services: Services, source: str | None = None, repair: bool = False) -> VerifyReport:
     """Compare the state with every index, per source; with ``repair``, fix what differs."""
-    state = services.state
+    state = state_db(services)
     names = [source] if source else [s.name for s in state.sources()]
     if source:
         state.source(source)  # an unknown source is a clear error

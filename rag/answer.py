@@ -125,7 +125,7 @@ class Answerer:
         if isinstance(self.generator, Warmable):
             for lang in ("zh", "en"):
                 await self.generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
-                                                       instructions=self.system))
+                                                       instructions=self.system))  # type: ignore[arg-type]
 
     async def close(self) -> None:
         if self._started:
@@ -312,7 +312,7 @@ class Answerer:
                 if delta.finish_reason is not None:
                     final = delta
         finally:
-            await stream.aclose()
+            await stream.aclose()  # type: ignore[attr-defined]
         tail = cites.flush()
         if infer is not None:
             tail = infer.feed(tail) + infer.flush()
@@ -341,7 +341,7 @@ class Answerer:
         examples: Sequence[PromptExample] = self.examples
         while True:
             bare = build_prompt(question, _EMPTY, lang=detect_lang(question), history=history,
-                                examples=examples, instructions=self.system)
+                                examples=examples, instructions=self.system)  # type: ignore[arg-type]
             reserved = generator.count_tokens("\n".join(m["content"] for m in bare.messages)) \
                 + params.max_tokens + HEADROOM_TOKENS
             if not examples or generator.context_window - reserved >= min(limits.tokens, EXAMPLE_ROOM):
@@ -351,7 +351,7 @@ class Answerer:
         if limits.sentences:
             hits = focus_hits(question, hits[: limits.chunks] if limits.chunks else hits, limits.sentences)
         packed = ContextPacker(generator.count_tokens, budget, max_chunks=limits.chunks).pack(hits)
-        prompt = build_prompt(question, packed, history=history, examples=examples, instructions=self.system)
+        prompt = build_prompt(question, packed, history=history, examples=examples, instructions=self.system)  # type: ignore[arg-type]
         return packed, prompt
 
 

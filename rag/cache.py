@@ -389,7 +389,7 @@ def push_changes(services: Services) -> int:
         return 0
     store = make_store(services)
     try:
-        return apply_changes(store, services.state) if store is not None else 0  # type: ignore[arg-type]
+        return apply_changes(store, services.state) if store is not None else 0
     except Exception as exc:  # noqa: BLE001 - the index is updated; the cache catches up later
         log.warning("answer cache not updated after the reindex (it will be at the next lookup): %s", exc)
         return 0

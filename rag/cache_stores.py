@@ -133,7 +133,7 @@ class MemoryAnswerCache:
                 cached = self._matrices[scope] = (keys, np.stack([members[k] for k in keys]))
             keys, matrix = cached
             scores = matrix @ np.asarray(vector, dtype=np.float32)
-            now, out = self.clock(), []
+            now, out = self.clock(), []  # type: ignore[var-annotated]
             for i in np.argsort(-scores)[: limit * 4]:
                 if scores[i] < threshold or len(out) >= limit:
                     break
@@ -290,7 +290,7 @@ class RedisAnswerCache:
                     return False
                 pipe.multi()
                 pipe.delete(entry)
-                pipe.hset(entry, mapping=fields)
+                pipe.hset(entry, mapping=fields)  # type: ignore[arg-type]
                 pipe.pexpire(entry, ms)
                 for dep in _dep_keys(deps, sources):
                     pipe.sadd(self._k("d", dep), key)
@@ -307,7 +307,7 @@ class RedisAnswerCache:
 
     def nearest(self, scope: str, vector: np.ndarray, threshold: float, limit: int = 3) -> list[tuple[dict[str, Any], float]]:
         with self._guard("get"):
-            keys = [k.decode() for k in self._redis.lrange(self._k("s", scope), 0, self.semantic_scan - 1)]
+            keys = [k.decode() for k in self._redis.lrange(self._k("s", scope), 0, self.semantic_scan - 1)]  # type: ignore[union-attr]
             if not keys:
                 return []
             with self._redis.pipeline(transaction=False) as pipe:
@@ -353,7 +353,7 @@ class RedisAnswerCache:
                         pipe.unlink(*deps)
                     added = {c.source: now for c in changes if c.added or c.kind == "purge"}
                     if added:
-                        pipe.hset(self._k("added"), mapping=added)
+                        pipe.hset(self._k("added"), mapping=added)  # type: ignore[arg-type]
                     results = pipe.execute()
                 dropped = int(results[0]) if keys else 0
             if dropped:
@@ -387,7 +387,7 @@ class RedisAnswerCache:
             with self._redis.pipeline(transaction=False) as pipe:
                 self._send_counts(pipe)
                 pipe.execute()
-            counts = {k.decode(): int(v) for k, v in self._redis.hgetall(self._k("stats")).items()}
+            counts = {k.decode(): int(v) for k, v in self._redis.hgetall(self._k("stats")).items()}  # type: ignore[union-attr]
             entries, size = 0, 0
             for key in self._redis.scan_iter(match=self._k("e", "*"), count=1000):
                 entries += 1

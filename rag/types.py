@@ -297,8 +297,10 @@ class Embedder(Protocol):
     """
 
     name: str
-    dim: int
     languages: frozenset[str] | None
+
+    @property
+    def dim(self) -> int: ...  # read-only: an attribute or a property (loaded on first use)
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray: ...
 

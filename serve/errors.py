@@ -112,7 +112,7 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 def status_of(exc: RagError) -> tuple[int, str, str]:
     for cls in type(exc).__mro__:
         if cls in STATUS:
-            return STATUS[cls]  # type: ignore[index]
+            return STATUS[cls]
     return STATUS[RagError]
 
 
@@ -155,7 +155,7 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     param = _loc(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "json_invalid":
-        message, param = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None
+        message, param = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None  # type: ignore[assignment, union-attr]
     elif kind == "extra_forbidden":
         known = ""
         if ".filters." in f".{param}" or param.startswith("filters."):
@@ -166,7 +166,7 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     if len(errors) > 1:
         message += f" (+{len(errors) - 1} more)"
     code = "unknown_field" if kind == "extra_forbidden" else kind or None
-    return JSONResponse(error_body(message, "invalid_request_error", param or None, code), status_code=422)
+    return JSONResponse(error_body(message, "invalid_request_error", param or None, code), status_code=422)  # type: ignore[arg-type]
 
 
 def _unparsable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:

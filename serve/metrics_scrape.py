@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from ingest.services import state_db
 from rag.metrics import DRIFT_META, REGISTRY, GpuMemoryCollector
 from rag.services import Services
 
@@ -59,7 +60,7 @@ class StateCollector:
         self.services = services
 
     def collect(self) -> Iterator[Metric]:
-        state = self.services.state
+        state = state_db(self.services)
         now = time.time()
         lag = GaugeMetricFamily("freshness_lag_seconds", "Seconds since the newest successful crawl of a "
                                 "source (since it was added, when none succeeded yet).", labels=["source"])

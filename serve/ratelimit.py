@@ -70,7 +70,7 @@ class RateLimiter:
             raise ConfigError(f"serve.rate_limit_storage: {self.where!r} is neither memory:// nor "
                               "redis://host:port/db")
         try:  # connects lazily: a Redis that is down shows on the first request, as a 503
-            storage = storage_from_string(uri, wrap_exceptions=True, **options)
+            storage = storage_from_string(uri, wrap_exceptions=True, **options)  # type: ignore[arg-type]
         except ConfigurationError as exc:
             raise ConfigError(f"serve.rate_limit_storage {self.where}: {exc}") from exc
         self._limiter = MovingWindowRateLimiter(storage)

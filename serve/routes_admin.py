@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query
 
+from ingest.services import state_db
 from rag.errors import ConfigError
 from serve.deps import AdminCaller, QueryCaller, State
 from serve.errors import NotFound
@@ -31,7 +32,7 @@ def _ts(epoch: float | None) -> str | None:
 
 @router.get("/v1/sources", response_model=list[SourceOut], responses=ERRORS, summary="Registered sources")
 def sources(state: State, caller: QueryCaller) -> list[SourceOut]:
-    db = state.services.state
+    db = state_db(state.services)
     out = []
     for src in db.sources():
         if caller.tenant is not None and src.tenant != caller.tenant:
@@ -48,7 +49,7 @@ def sources(state: State, caller: QueryCaller) -> list[SourceOut]:
 
 
 @router.post("/v1/sources/{name}/reindex", response_model=ReindexResponse,
-             responses={**ERRORS, **_404, 409: {"model": ErrorResponse,
+             responses={**ERRORS, **_404, 409: {"model": ErrorResponse,  # type: ignore[dict-item]
                                                 "description": "Another reindex holds the data directory."}},
              summary="Crawl a source now and update the indexes (admin)")
 async def reindex_source(name: str, state: State, caller: AdminCaller,
@@ -62,7 +63,7 @@ async def reindex_source(name: str, state: State, caller: AdminCaller,
 
     def run() -> dict[str, Any]:
         try:
-            services.state.source(name)
+            state_db(services).source(name)
         except ConfigError as exc:
             raise NotFound("name", str(exc)) from None
         with services.write_lock():
@@ -71,10 +72,10 @@ async def reindex_source(name: str, state: State, caller: AdminCaller,
     return await asyncio.to_thread(run)
 
 
-@router.get("/v1/documents/{doc_id:path}", response_model=DocumentOut, responses={**ERRORS, **_404},
+@router.get("/v1/documents/{doc_id:path}", response_model=DocumentOut, responses={**ERRORS, **_404},  # type: ignore[dict-item]
             summary="One indexed document and its chunks (admin)")
 def document(doc_id: str, state: State, caller: AdminCaller) -> DocumentOut:
-    db = state.services.state
+    db = state_db(state.services)
     row = db.document_row(doc_id)
     if row is None:
         raise NotFound("doc_id", f"document {doc_id!r} not found")

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, model_validator
 
+from ingest.services import state_db
 from rag.errors import ConfigError, RequestError
 from serve.deps import AdminCaller, State
 from serve.errors import NotFound
@@ -57,7 +58,7 @@ class PurgeResult(BaseModel):
 @router.get("/v1/cache", response_model=CacheStats, responses=ERRORS, summary="Answer cache statistics (admin)")
 async def cache_stats(state: State, caller: AdminCaller) -> CacheStats:
     layer = state.answerer.cache
-    changes = state.services.state.change_summary()
+    changes = state_db(state.services).change_summary()
     if layer is None:
         return CacheStats(backend="off", changes=changes)
     stats = await asyncio.to_thread(layer.stats)
@@ -67,7 +68,7 @@ async def cache_stats(state: State, caller: AdminCaller) -> CacheStats:
 @router.post("/v1/cache/purge", response_model=PurgeResult,
              responses={**ERRORS, 404: {"description": "No such source."}}, summary="Drop cached answers (admin)")
 async def cache_purge(body: PurgeRequest, state: State, caller: AdminCaller) -> PurgeResult:
-    db = state.services.state
+    db = state_db(state.services)
     if body.source:
         try:
             db.source(body.source)

@@ -101,7 +101,7 @@ class FeedSource:
         if validator is not None and validator.etag == etag:
             return Fetched(url, "not_modified", etag=etag, last_modified=stamp)
         try:
-            page = extract(body.encode(), kind, url=url, charset="utf-8", fallback_title=title,
+            page = extract(body.encode(), kind, url=url, charset="utf-8", fallback_title=title,  # type: ignore[arg-type]
                            boilerplate=self.settings.boilerplate_patterns)
         except FetchError as exc:
             return Fetched(url, "error", error=str(exc), error_kind=exc.kind)

@@ -6,7 +6,7 @@ import hashlib
 import math
 import re
 import unicodedata
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,9 +74,9 @@ class HashEmbedder:
     def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
         return [self.count_tokens(t) for t in texts]
 
-    def features(self, text: str) -> Counter[str]:
+    def features(self, text: str) -> dict[str, float]:
         """The weighted features of ``text``, before hashing."""
-        feats: Counter[str] = Counter()
+        feats: defaultdict[str, float] = defaultdict(float)
         for token in _TOKEN.findall(_normalise(text)):
             if _CJK_RUN.match(token):
                 for i, ch in enumerate(token):
@@ -93,7 +93,7 @@ class HashEmbedder:
         return feats
 
     def _fill(self, row: np.ndarray, text: str) -> None:
-        feats = self.features(text) or Counter({"empty:": 1.0})
+        feats = self.features(text) or {"empty:": 1.0}
         for feature, weight in feats.items():
             h = int.from_bytes(
                 hashlib.blake2b(feature.encode("utf-8"), digest_size=8, key=self._key).digest(), "little"

@@ -129,10 +129,10 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
             pooling = _read_json(folder / str(modules[kinds.index("Pooling")].get("path", "")) / "config.json")
         modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True] if isinstance(
             pooling, dict) else []
-        if modes != ["pooling_mode_mean_tokens"] or not isinstance(pooling.get("word_embedding_dimension"), int):
+        if modes != ["pooling_mode_mean_tokens"] or not isinstance(pooling.get("word_embedding_dimension"), int):  # type: ignore[union-attr]
             raise EmbedderError(f"the onnx-int8 embedder runs Transformer + mean Pooling models only, "
                                 f"and {self._shown!r} is not one")
-        return int(pooling["word_embedding_dimension"])
+        return int(pooling["word_embedding_dimension"])  # type: ignore[index]
 
     def _make_tokenizer(self) -> Any:
         from tokenizers import Tokenizer

@@ -185,7 +185,7 @@ class SentenceTransformerEmbedder:
                 model = SentenceTransformer(str(source), device=self.device)
         except Exception as exc:  # the loader raises OSError, ValueError, RuntimeError, hub errors
             raise EmbedderError(f"cannot load embedding model {self._shown!r}: {one_line(exc)}") from exc
-        self._dim = int(model.get_embedding_dimension())
+        self._dim = int(model.get_embedding_dimension())  # type: ignore[arg-type]
         return model
 
     def _folder(self, must_exist: bool) -> Path | None:
@@ -264,7 +264,7 @@ def _label(model: str | Path | None) -> str:
     return path.name or str(model)
 
 
-def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
+def _read_json(path: Path) -> Any:  # parsed JSON, None when unreadable
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

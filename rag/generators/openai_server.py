@@ -121,7 +121,7 @@ class OpenAIGenerator:
         if self._client is None:
             # A server without auth takes any key; the SDK insists on one.
             self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key or "none",
-                                              timeout=self._timeout, max_retries=self.connect_retries)
+                                              timeout=self._timeout, max_retries=self.connect_retries)  # type: ignore[arg-type]
         try:
             await self._check_server()
         except BaseException:
@@ -148,7 +148,7 @@ class OpenAIGenerator:
         if self.model not in cards:
             raise ConfigError(f"generator.model {self.model!r} is not served by {self.base_url} (it serves: {', '.join(cards) or 'nothing'})")
         if getattr(cards[self.model], "max_model_len", None):  # vLLM's extension of the model card
-            self.context_window = int(cards[self.model].max_model_len)  # type: ignore[attr-defined]
+            self.context_window = int(cards[self.model].max_model_len)  # type: ignore[union-attr]
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
             async with httpx.AsyncClient(headers=headers, timeout=self._timeout) as http:

@@ -235,7 +235,7 @@ class TantivyIndex(TantivyGenerations):
         if total == 0:
             return set()
         q = Query.all_query() if source is None else Query.term_query(self._schema, "source", source)
-        return {searcher.doc(a).get_first("id") for _, a in searcher.search(q, limit=total, count=False).hits}
+        return {searcher.doc(a).get_first("id") for _, a in searcher.search(q, limit=total, count=False).hits}  # type: ignore[misc]
 
     def close(self) -> None:
         """Release the writer (and its lock). The index reopens on the next use."""

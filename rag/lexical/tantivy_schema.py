@@ -90,9 +90,9 @@ def _meta(c: Chunk) -> bytes:
 
 def decode(doc: tantivy.Document) -> Chunk:
     (cid, doc_id, source, h, ordinal, title, url, heading, lang, published, modified, trust, tags,
-     tenant) = json.loads(doc.get_first("meta"))
+     tenant) = json.loads(doc.get_first("meta"))  # type: ignore[arg-type]
     return Chunk(
-        id=cid, doc_id=doc_id, source=source, text=doc.get_first("text").decode(), hash=h,
+        id=cid, doc_id=doc_id, source=source, text=doc.get_first("text").decode(), hash=h,  # type: ignore[union-attr]
         ordinal=ordinal, title=title, url=url, heading=heading, lang=lang,
         published=from_micros(published), modified=from_micros(modified),
         trust=Trust(trust), tags=tuple(tags), tenant=tenant,

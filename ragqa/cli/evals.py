@@ -306,7 +306,7 @@ def _cache_embedder(obj: Context, choice: str) -> Any:
     from rag.config import EmbedderSettings
     from rag.embedders import make_embedder
 
-    return make_embedder(EmbedderSettings(backend=CACHE_EMBEDDERS[choice]))  # type: ignore[arg-type]
+    return make_embedder(EmbedderSettings(backend=CACHE_EMBEDDERS[choice]))
 
 
 @eval_group.command("compare")

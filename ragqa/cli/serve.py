@@ -57,7 +57,7 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
 
             app = create_app(settings, services=services, with_scheduler=with_scheduler)
             _listening_server(uvicorn.Config(app, host=host, port=port, log_level=level,
-                                             timeout_graceful_shutdown=10, **impl)).run()
+                                             timeout_graceful_shutdown=10, **impl)).run()  # type: ignore[arg-type]
             return
         _serve_workers(obj, settings, forced, workers, with_scheduler, host, port, level, impl)
     finally:
@@ -103,7 +103,7 @@ def _serve_workers(obj: Context, settings: Any, forced: dict[str, Any], workers:
     try:
         _announce(host, port, impl["loop"], impl["http"])
         uvicorn.run("serve.app:create_app", factory=True, host=host, port=port, workers=workers,
-                    log_level=level, timeout_graceful_shutdown=10, **impl)
+                    log_level=level, timeout_graceful_shutdown=10, **impl)  # type: ignore[arg-type]
     finally:
         if scheduler is not None:
             scheduler.shutdown(wait=True)
@@ -137,7 +137,7 @@ def _listening_server(config: Any) -> Any:
             await super().startup(sockets)
             if self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
-                _announce(host, port, self.config.loop, self.config.http)
+                _announce(host, port, self.config.loop, self.config.http)  # type: ignore[arg-type]
 
     return Server(config)
 
