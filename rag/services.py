@@ -301,6 +301,10 @@ class Services:
             if component is not None:
                 with contextlib.suppress(Exception):
                     component.close()
+        close = getattr(self._embedder, "close", None)
+        if close is not None and not self._given:  # a remote embedder's connections; a given one is the caller's
+            with contextlib.suppress(Exception):
+                close()
 
 
 def usable_cores() -> int:
