@@ -7,7 +7,8 @@ Runs, on a fresh data dir with the configured (default: embedded) backends:
   4. an incremental crawl of release v2 (every file is new, five pages' text changed),
 and prints pages/s, chunks/s and embeddings/s for each.
 
-    python bench/bench_ingest.py [--embedder sentence-transformers|hash] [--vector milvus|numpy]
+    python bench/bench_ingest.py [--embedder sentence-transformers|onnx-int8|hash] [--vector milvus|numpy]
+                                 [--max-pages N] [--cold-only]
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def publish(src: Path, dest: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--embedder", default="sentence-transformers", choices=["sentence-transformers", "hash"])
+    ap.add_argument("--embedder", default="sentence-transformers",
+                    choices=["sentence-transformers", "onnx-int8", "hash"])
     ap.add_argument("--vector", default="milvus", choices=["milvus", "numpy"])
+    ap.add_argument("--max-pages", type=int, default=None, help="crawl at most this many pages (default: all)")
+    ap.add_argument("--cold-only", action="store_true", help="only the first step, the cold full crawl")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -71,11 +75,12 @@ def main() -> None:
 
     settings = Settings.load(None, data_dir=work / "data",
                              embedder={"backend": args.embedder, "progress": False},
-                             vector={"backend": args.vector})
+                             vector={"backend": args.vector},
+                             crawl={"max_pages": args.max_pages} if args.max_pages else {})
     services = open_services(settings)
     services.state.add_source(source_from_argument(url, name="pydocs"))
     steps = [("v1 full (cold)", "full", None), ("v1 incremental", "incremental", None),
-             ("v1 full", "full", None), ("v2 incremental", "incremental", "v2")]
+             ("v1 full", "full", None), ("v2 incremental", "incremental", "v2")][:1 if args.cold_only else 4]
     rows = []
     for label, mode, release in steps:
         if release:
