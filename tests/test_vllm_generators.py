@@ -175,21 +175,25 @@ def running_recorder() -> Any:
     return Recorder()
 
 
+@pytest.fixture(scope="class")
+def engine(tiny_model: Path, runner: asyncio.Runner, server_boot: Server) -> Iterator[Any]:
+    """The in-process engine for TestEngine (a module-level fixture: pytest deprecates
+    class-scoped fixtures defined as methods)."""
+    from rag.generators.vllm_engine import VllmGenerator
+
+    recorder = running_recorder()
+    gen = VllmGenerator(
+        str(tiny_model), dtype="float32", load_format="dummy", enforce_eager=True,
+        max_model_len=TINY_MAX_LEN, max_num_seqs=16, stat_loggers=[lambda cfg, idx: recorder],
+    )
+    runner.run(gen.start())
+    gen.recorder = recorder  # type: ignore[attr-defined]
+    yield gen
+    runner.run(gen.close())
+
+
 @needs_vllm
 class TestEngine:
-    @pytest.fixture(scope="class")
-    def engine(self, tiny_model: Path, runner: asyncio.Runner, server_boot: Server) -> Iterator[Any]:
-        from rag.generators.vllm_engine import VllmGenerator
-
-        recorder = running_recorder()
-        gen = VllmGenerator(
-            str(tiny_model), dtype="float32", load_format="dummy", enforce_eager=True,
-            max_model_len=TINY_MAX_LEN, max_num_seqs=16, stat_loggers=[lambda cfg, idx: recorder],
-        )
-        runner.run(gen.start())
-        gen.recorder = recorder  # type: ignore[attr-defined]
-        yield gen
-        runner.run(gen.close())
 
     def test_streams_deltas_then_finish_and_usage(self, engine: Any, runner: asyncio.Runner) -> None:
         assert engine.context_window == TINY_MAX_LEN
