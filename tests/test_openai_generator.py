@@ -124,12 +124,18 @@ def server() -> Iterator[tuple[str, Script]]:
         httpd.server_close()
 
 
-def run(url: str, params: GenerationParams | None = None, **kwargs: Any) -> list[GenerationDelta]:
+def run(url: str, params: GenerationParams | None = None, into: list[GenerationDelta] | None = None,
+        **kwargs: Any) -> list[GenerationDelta]:
+    """The deltas of one answer; ``into`` also receives them as they come (kept on an error)."""
+    got = into if into is not None else []
+
     async def go() -> list[GenerationDelta]:
         gen = OpenAIGenerator(url, **kwargs)
         await gen.start()
         try:
-            return [d async for d in gen.stream(PROMPT, params or GenerationParams(max_tokens=8))]
+            async for delta in gen.stream(PROMPT, params or GenerationParams(max_tokens=8)):
+                got.append(delta)
+            return got
         finally:
             await gen.close()
 
@@ -182,18 +188,8 @@ def test_an_error_event_after_the_first_token_is_a_generator_error(server):
     url, script = server
     script.plan = ["error-event"]
     got: list[GenerationDelta] = []
-
-    async def go() -> None:
-        gen = OpenAIGenerator(url, "m")
-        await gen.start()
-        try:
-            async for delta in gen.stream(PROMPT, GenerationParams(max_tokens=8)):
-                got.append(delta)
-        finally:
-            await gen.close()
-
     with pytest.raises(GeneratorError, match="failed mid-answer: .*engine died"):
-        asyncio.run(go())
+        run(url, model="m", into=got)
     assert [d.text for d in got] == ["Paris"]
 
 
@@ -201,19 +197,9 @@ def test_a_server_that_stalls_after_its_first_token_is_a_generator_error_after_t
     url, script = server
     script.plan = ["stall-after-token"]
     got: list[GenerationDelta] = []
-
-    async def go() -> None:
-        gen = OpenAIGenerator(url, "m", timeout_s=0.5)
-        await gen.start()
-        try:
-            async for delta in gen.stream(PROMPT, GenerationParams(max_tokens=8)):
-                got.append(delta)
-        finally:
-            await gen.close()
-
     began = time.monotonic()
     with pytest.raises(GeneratorError, match=r"no token for 0.5 s") as caught:
-        asyncio.run(go())
+        run(url, model="m", timeout_s=0.5, into=got)
     assert not isinstance(caught.value, BackendUnavailable)  # mid-answer: not a fallback case
     assert [d.text for d in got] == ["Paris"] and time.monotonic() - began < 2.5
 
