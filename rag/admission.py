@@ -31,9 +31,8 @@ import logging
 import os
 import secrets
 import time
-import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rag.errors import Overloaded
 from rag.metrics import (
@@ -43,6 +42,7 @@ from rag.metrics import (
     ANSWERS_REJECTED,
     ANSWERS_REJECTED_GLOBAL,
 )
+from rag.redis_loop import LoopClients
 
 if TYPE_CHECKING:
     from rag.config import Settings
@@ -85,19 +85,8 @@ class GlobalSlots:
     def __init__(self, url: str, limit: int, *, lease_s: float = 300.0, retry_after_s: float = 2.0,
                  key: str = "ragqa:admission:slots") -> None:
         self.url, self.limit, self.lease_s, self.retry_after_s, self.key = url, limit, lease_s, retry_after_s, key
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, Any]] = (
-            weakref.WeakKeyDictionary())
+        self._redis = LoopClients(url, scripts={"acquire": _ACQUIRE}, socket_connect_timeout=0.5, socket_timeout=0.5)
         self._retry_at = 0.0
-
-    def _client(self) -> tuple[Any, Any]:
-        loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            import redis.asyncio as aioredis
-
-            client = aioredis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
-            found = self._clients[loop] = (client, client.register_script(_ACQUIRE))
-        return found
 
     async def acquire(self) -> str | None:
         if time.monotonic() < self._retry_at:
@@ -105,7 +94,7 @@ class GlobalSlots:
             return None
         token = secrets.token_hex(8)
         try:
-            held = int(await self._client()[1](keys=[self.key], args=[self.limit, int(self.lease_s * 1000), token]))
+            held = int(await self._redis.script("acquire")(keys=[self.key], args=[self.limit, int(self.lease_s * 1000), token]))
         except Exception as exc:  # noqa: BLE001 - Redis down or hung: the workers' own bounds hold
             self._retry_at = time.monotonic() + 1.0
             ADMISSION_GLOBAL_SKIPPED.inc()
@@ -123,17 +112,15 @@ class GlobalSlots:
         if token is None:
             return
         with contextlib.suppress(Exception):  # unreachable: the lease expires by itself
-            await self._client()[0].zrem(self.key, token)
+            await self._redis.client().zrem(self.key, token)
 
     async def aclose(self) -> None:
         """Close this event loop's connection (at shutdown)."""
-        found = self._clients.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found[0].aclose()
+        await self._redis.aclose()
 
     async def held(self) -> int:
         """Leases held now (expired ones included until the next acquire sweeps them)."""
-        return int(await self._client()[0].zcard(self.key))
+        return int(await self._redis.client().zcard(self.key))
 
 
 class Admission:

@@ -24,16 +24,15 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
-import weakref
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Protocol
 
 from rag.config import ServeSettings
 from rag.metrics import CONVERSATION_STORE_FALLBACKS
+from rag.redis_loop import LoopClients
 
 __all__ = ["ConversationStore", "Conversations", "RedisConversations", "make_conversations"]
 
@@ -92,19 +91,9 @@ class RedisConversations:
                  prefix: str = "ragqa:conv", max_conversations: int = 10_000) -> None:
         self.url, self.max_turns, self.ttl_s, self.prefix = url, max_turns, ttl_s, prefix
         self.local = Conversations(max_conversations, max_turns)
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._redis = LoopClients(url, decode_responses=True, socket_connect_timeout=0.5, socket_timeout=0.5)
 
     new_id = staticmethod(new_conversation_id)
-
-    def _redis(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            import redis.asyncio as aioredis
-
-            client = self._clients[loop] = aioredis.from_url(
-                self.url, decode_responses=True, socket_connect_timeout=0.5, socket_timeout=0.5)
-        return client
 
     def _key(self, conversation_id: str, owner: str | None) -> str:
         # Owners are key ids ([A-Za-z0-9_.-]); "" when auth is off. The id is the client's.
@@ -116,7 +105,7 @@ class RedisConversations:
 
     async def history(self, conversation_id: str, owner: str | None = None) -> list[Turn]:
         try:
-            raw = await self._redis().lrange(self._key(conversation_id, owner), 0, -1)
+            raw = await self._redis.client().lrange(self._key(conversation_id, owner), 0, -1)
         except Exception as exc:  # noqa: BLE001 - Redis down or hung: this worker's copy
             self._down("read", exc)
             return await self.local.history(conversation_id, owner)
@@ -128,7 +117,7 @@ class RedisConversations:
         await self.local.add(conversation_id, question, answer, owner)
         key = self._key(conversation_id, owner)
         try:
-            async with self._redis().pipeline(transaction=True) as pipe:
+            async with self._redis.client().pipeline(transaction=True) as pipe:
                 pipe.rpush(key, *(json.dumps(turn, ensure_ascii=False) for turn in _pair(question, answer)))
                 pipe.ltrim(key, -2 * self.max_turns, -1)
                 pipe.pexpire(key, max(1, int(self.ttl_s * 1000)))
@@ -137,9 +126,7 @@ class RedisConversations:
             self._down("write", exc)
 
     async def aclose(self) -> None:
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        await self._redis.aclose()
 
 
 def make_conversations(serve: ServeSettings) -> ConversationStore:

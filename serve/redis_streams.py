@@ -27,18 +27,17 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import re
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from rag.config import ServeSettings
 from rag.errors import BackendUnavailable
 from rag.metrics import STREAM_STORE_FALLBACKS
+from rag.redis_loop import LoopClients
 from serve.errors import NotFound
 from serve.streams import MemoryStreamStore, StreamEvent, StreamInfo, StreamStore
 
@@ -96,31 +95,18 @@ class RedisStreamStore:
         self.url = url
         self.retention_s = retention_s
         self.prefix = prefix
-        # one client (and its scripts) per event loop: asyncio connections belong to a loop
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, dict[str, Any]]] = (
-            weakref.WeakKeyDictionary())
+        # A hung Redis must not hang a stream: every call but a blocking read (at most
+        # wait_s, 1 s) answers within a few seconds or fails over (FallbackStreamStore).
+        self._clients = LoopClients(url, scripts={"append": _APPEND, "finish": _FINISH, "read": _READ},
+                                    decode_responses=True, socket_connect_timeout=_TIMEOUT_S,
+                                    socket_timeout=_TIMEOUT_S + 1.0)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _redis(self) -> Any:
-        return self._for_loop()[0]
+        return self._clients.client()
 
     def _script(self, name: str) -> Any:
-        return self._for_loop()[1][name]
-
-    def _for_loop(self) -> tuple[Any, dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            import redis.asyncio as aioredis
-
-            # A hung Redis must not hang a stream: every call but a blocking read (at most
-            # wait_s, 1 s) answers within a few seconds or fails over (FallbackStreamStore).
-            client = aioredis.from_url(self.url, decode_responses=True, socket_connect_timeout=_TIMEOUT_S,
-                                       socket_timeout=_TIMEOUT_S + 1.0)
-            scripts = {name: client.register_script(src)
-                       for name, src in (("append", _APPEND), ("finish", _FINISH), ("read", _READ))}
-            found = self._clients[loop] = (client, scripts)
-        return found
+        return self._clients.script(name)
 
     def _keys(self, stream_id: str) -> list[str]:
         tag = f"{self.prefix}:{{{stream_id}}}"
@@ -201,9 +187,7 @@ class RedisStreamStore:
 
     async def aclose(self) -> None:
         """Close this event loop's connections (at shutdown)."""
-        found = self._clients.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found[0].aclose()
+        await self._clients.aclose()
 
     async def ping(self) -> bool:
         return bool(await self._redis().ping())
