@@ -401,6 +401,21 @@ class ScheduleSettings(BaseModel):
     misfire_grace_s: int = Field(default=3600, ge=1)
 
 
+class StateSettings(BaseModel):
+    url: str | None = Field(default=None, description=(
+        "The ingestion state's SQL database (sources, documents, chunks, runs, the change log, "
+        "the scheduler's jobs), as a SQLAlchemy URL: default sqlite:///<data_dir>/state.db; shared "
+        "by several instances on PostgreSQL, e.g. postgresql+psycopg://ragqa@db:5432/ragqa "
+        "(pip install 'ragqa[postgres]')."))
+
+    @field_validator("url")
+    @classmethod
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite://", "postgresql://", "postgresql+psycopg://")):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        return value
+
+
 class ApiKeySettings(BaseModel):
     """One API key of the HTTP service, stored as a hash: ``ragqa keys create`` prints both.
 
@@ -501,6 +516,26 @@ class ServeSettings(BaseModel):
         return self
 
 
+class RouterRules(BaseModel):
+    """The router's thresholds (rag/routing.py): a question goes to the small profile only when
+    every rule holds; the first one that fails sends it to the large profile, named in the reason.
+    Refit them on your own questions with ``ragqa eval fit-router SMALL_RUN LARGE_RUN``."""
+
+    small_kinds: tuple[Literal["factual", "creative", "open"], ...] = Field(
+        default=("factual",),
+        description="Question kinds (rag/sampling.py) the small profile may answer.")
+    max_question_tokens: int = Field(
+        default=24, ge=0, description="Longest question for the small profile (words; a Chinese character is one).")
+    min_top_score: float = Field(
+        default=0.0, ge=0, description="Least score of the top hit, in the retriever's units (rrf by default).")
+    min_margin: float = Field(
+        default=0.0, ge=0, description="Least lead of the top hit's score over the next one's.")
+    min_agreement: float = Field(
+        default=0.2, ge=0, le=1, description="Least overlap of the BM25 and vector legs' top 5 (0..1).")
+    max_chunks: int = Field(default=1, ge=0, description="Most packed passages the small profile may read.")
+    max_turn: int = Field(default=1, ge=1, description="Latest conversation turn for the small profile.")
+
+
 class Settings(BaseSettings):
     """All of ragqa's configuration. See the module docstring for how it is read."""
 
@@ -524,6 +559,7 @@ class Settings(BaseSettings):
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     injection: InjectionSettings = Field(default_factory=InjectionSettings)
@@ -573,6 +609,11 @@ class Settings(BaseSettings):
     @property
     def milvus_uri(self) -> str:
         return self.vector.uri or str(self.data_dir / "milvus.db")
+
+    @property
+    def state_url(self) -> str:
+        """The ingestion state's database: ``state.url``, or ``state.db`` in the data directory."""
+        return self.state.url or f"sqlite:///{self.data_dir / 'state.db'}"
 
     @property
     def lexical_path(self) -> Path:
