@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -536,6 +537,20 @@ class RouterRules(BaseModel):
     max_turn: int = Field(default=1, ge=1, description="Latest conversation turn for the small profile.")
 
 
+class RoutingSettings(BaseModel):
+    """Which generator profile answers a question (docs/profiles.md): ``off`` (always ``large``,
+    ``default`` unless set), ``rules`` (the router in rag/routing.py picks ``small`` or ``large``
+    from the question and its retrieval) or ``cascade`` (``small`` first, ``large`` when the small
+    answer abstains or cites nothing)."""
+
+    mode: Literal["off", "rules", "cascade"] = Field(default="off", description=(
+        "off (one profile: large), rules (the router chooses small or large per question, before "
+        "generation), cascade (small first; an answer that abstains or cites nothing is answered again by large)."))
+    small: str = Field(default="small", description="The small profile's name (a key of profiles, or default).")
+    large: str = Field(default="default", description="The large profile's name (a key of profiles, or default).")
+    rules: RouterRules = Field(default_factory=RouterRules)
+
+
 class Settings(BaseSettings):
     """All of ragqa's configuration. See the module docstring for how it is read."""
 
@@ -555,6 +570,10 @@ class Settings(BaseSettings):
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    profiles: dict[str, GeneratorSettings] = Field(default_factory=dict, description=(
+        "Named generator profiles besides `generator` (which is the profile named default), e.g. "
+        "RAG_PROFILES__SMALL__BACKEND=extractive; chosen per request by routing (docs/profiles.md)."))
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     crawl: CrawlSettings = Field(default_factory=CrawlSettings)
@@ -596,10 +615,29 @@ class Settings(BaseSettings):
             raise ConfigError(f"cannot read config {path}: {first}") from exc
         return cls.model_validate(loaded.model_dump())
 
+    @model_validator(mode="after")
+    def _known_profiles(self) -> Settings:
+        bad = next((n for n in self.profiles if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", n)), None)
+        if bad is not None:
+            raise ValueError(f"profiles: {bad!r} is not a profile name (lower-case letters, digits, '_', '.', '-')")
+        if "default" in self.profiles:
+            raise ValueError("profiles: 'default' is the generator section; give this profile another name")
+        if self.routing.mode != "off":
+            known = ["default", *self.profiles]
+            for role in ("small", "large"):
+                name = getattr(self.routing, role)
+                if name not in known:
+                    raise ValueError(f"routing.{role}: no profile named {name!r} (known: {', '.join(known)})")
+        return self
+
     @property
     def context_limits(self) -> ContextLimits:
         """The packed context's limits: ``retrieval``'s where set, else the generator backend's."""
-        default = CONTEXT_DEFAULTS.get(self.generator.backend, DEFAULT_CONTEXT)
+        return self.context_limits_for(self.generator)
+
+    def context_limits_for(self, generator: GeneratorSettings) -> ContextLimits:
+        """The packed context's limits for a profile: ``retrieval``'s where set, else its backend's."""
+        default = CONTEXT_DEFAULTS.get(generator.backend, DEFAULT_CONTEXT)
         r = self.retrieval
         return ContextLimits(
             r.max_context_tokens or default.tokens,

@@ -19,6 +19,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from rag.packing import PackedContext
 from rag.support import LABEL
 from rag.types import Citation, Prompt
 
-__all__ = ["EXAMPLES", "PromptExample", "build_prompt", "cite", "CitationStream", "UNKNOWN"]
+__all__ = ["EXAMPLES", "PROMPT_VERSION", "PromptExample", "prompt_version", "build_prompt", "cite", "CitationStream", "UNKNOWN"]
 
 UNKNOWN = {
     "en": "I don't know: the documents do not say.",
@@ -112,6 +114,24 @@ def build_prompt(question: str, packed: PackedContext, *, lang: str | None = Non
     completion = f"<system>\n{system}\n</system>\n{past}{user}\n\n<answer>\n"
     return Prompt(messages=tuple(messages), completion=completion, question=question,
                   passages=packed.passages, lang=lang, stop=("</answer>",))
+
+
+def prompt_version(examples: Sequence[PromptExample] = EXAMPLES,
+                   instructions: Mapping[str, str] | None = None) -> str:
+    """A short hash of what the prompt templates make of a fixed probe in each language, with
+    these examples and instructions: any change to the rules, the "I don't know" sentences, the
+    examples or the template's layout gives another version (answers record it, and the answer
+    cache keys on it)."""
+    probe = PackedContext("[1] probe › passage\nprobe text", (), {}, 0, 0)
+    turns = ({"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply [1]"})
+    rendered = [build_prompt("probe?", probe, lang=lang, history=turns, examples=examples, instructions=instructions)
+                for lang in ("en", "zh")]
+    text = json.dumps([[p.messages, p.completion, p.stop] for p in rendered], ensure_ascii=False)
+    return "p-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+
+
+PROMPT_VERSION = prompt_version()
+"""The version of the built-in prompt (:func:`prompt_version` of the default examples and rules)."""
 
 
 def cite(text: str, citations: Mapping[int, Citation]) -> tuple[str, list[Citation]]:

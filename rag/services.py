@@ -90,6 +90,7 @@ class Services:
         self.data_dir = Path(settings.data_dir)
         self._embedder = embedder
         self._generator = generator
+        self._profile_generators: dict[str, Generator] = {}  # the other profiles', built on first use
         self._given = embedder is not None  # a given embedder is never replaced by the auto choice
         self._choice: dict[str, str] | None = None  # auto: the recorded choice, once read
         self._lock = FileLock(str(self.data_dir / "write.lock"), thread_local=False)
@@ -242,6 +243,22 @@ class Services:
 
             self._generator = make_generator(self.settings.generator)
         return self._generator
+
+    def profile_generator(self, name: str) -> Generator:
+        """The generator of profile ``name`` (``default`` is :attr:`generator`), built on first
+        use and not started; an unknown name is a ``ConfigError`` naming the known ones."""
+        if name == "default":
+            return self.generator
+        built = self._profile_generators
+        if name not in built:
+            cfg = self.settings.profiles.get(name)
+            if cfg is None:
+                known = ", ".join(["default", *self.settings.profiles])
+                raise ConfigError(f"no generator profile named {name!r} (known: {known})")
+            from rag.generators import make_generator
+
+            built[name] = make_generator(cfg)
+        return built[name]
 
     @property
     def vector_cache(self) -> VectorIndex | None:
