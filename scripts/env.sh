@@ -75,6 +75,17 @@ ensure_redis() {
   command -v redis-server >/dev/null 2>&1
 }
 
+# ensure_postgres: Debian's postgresql server for the shared ingestion state's tests
+# (scripts/postgres.sh runs a cluster of its own on loopback), installed once per machine.
+# Returns non-zero when it cannot be had.
+ensure_postgres() {
+  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null && return 0
+  say "installing postgresql (Debian's package) for the PostgreSQL state tests"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      postgresql; } >/dev/null 2>&1
+  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null
+}
+
 # ensure_promtool: Prometheus' promtool, from Debian's prometheus package, installed once per
 # machine, to check the alert rules and run their unit tests (infra/prometheus/). The package
 # also installs a Prometheus server, which the tests never start.

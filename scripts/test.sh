@@ -6,7 +6,7 @@
 source "$(dirname "$0")/env.sh"
 
 ensure_venv
-install_project "dev,es,redis,e5,onnx,openai,langchain,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
+install_project "dev,es,redis,postgres,e5,onnx,openai,langchain,llamacpp,llamacpp-small"  # llamacpp: see ensure_llamacpp_wheel in env.sh
 activate
 cd "$ROOT"
 
@@ -62,6 +62,20 @@ if [[ -z "${RAG_TEST_REDIS_URL:-}" ]]; then
     trap "redis-cli -p $RAGQA_REDIS_PORT shutdown nosave >/dev/null 2>&1 || true; $(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT\$/\1/")" EXIT
   else
     missing "Redis could not be started (see /tmp/ragqa-redis-$RAGQA_REDIS_PORT.log)" "its tests will be skipped"
+  fi
+fi
+
+# A PostgreSQL cluster of its own on loopback (Debian's postgresql, scripts/postgres.sh) for the
+# tests of the shared ingestion state and the scheduler's lock; each test works in a fresh
+# schema. Stopped when the tests end.
+export RAGQA_PG_PORT="${RAGQA_PG_PORT:-5433}"
+if [[ -z "${RAG_TEST_POSTGRES_URL:-}" ]]; then
+  if bash "$ROOT/scripts/postgres.sh" start; then
+    export RAG_TEST_POSTGRES_URL="$(bash "$ROOT/scripts/postgres.sh" url)"
+    trap "bash \"$ROOT/scripts/postgres.sh\" stop || true; $(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT\$/\1/")" EXIT
+  else
+    missing "PostgreSQL could not be started (see scripts/postgres.sh start and its log)" \
+      "its tests will be skipped"
   fi
 fi
 
