@@ -321,6 +321,43 @@ class EvalSettings(BaseModel):
     experiment: str = Field(default="ragqa-answers", min_length=1, description="The MLflow experiment's name.")
 
 
+class ExperimentArmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Recorded on every answer it makes.")
+    profile: str = Field(default="default", min_length=1, description="The generator profile it answers with.")
+    weight: float = Field(default=1.0, ge=0, description="Its relative share of the traffic.")
+
+
+class ExperimentSettings(BaseModel):
+    """An online A/B split between generator profiles (rag/experiments.py, docs/experiments.md).
+    These settings only start it: ``ragqa experiment set|stop`` and ``/v1/admin/experiment``
+    change it live, for every worker and instance, and what they set wins over these."""
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                             description="The experiment running from the start; none by default.")
+    arms: list[ExperimentArmSettings] = Field(default_factory=list, description="The first arm is the control.")
+    assign_by: Literal["key", "conversation"] = Field(default="key", description=(
+        "What keeps a caller in its arm: the API key id (with auth off: the conversation), or the conversation."))
+    refresh_s: float = Field(default=1.0, gt=0, le=60, description=(
+        "Without Redis: a worker reads <data_dir>/experiment.json again at least this often (at once when "
+        "it is replaced). With serve.redis_url it is read on every request."))
+    records_ttl_s: int = Field(default=7 * 86_400, ge=60, description=(
+        "How long each answer's record (versions, arm, timings) is kept for feedback and `ragqa experiment report`."))
+    redis_prefix: str = Field(default="ragqa:ab", min_length=1, description="Redis key prefix (with serve.redis_url).")
+
+    @model_validator(mode="after")
+    def _arms(self) -> ExperimentSettings:
+        if self.name and not self.arms:
+            raise ValueError("experiment.name is set but experiment.arms is empty (the first arm is the control)")
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"experiment.arms: an arm name is used twice: {names}")
+        if self.arms and sum(a.weight for a in self.arms) <= 0:
+            raise ValueError("experiment.arms: the weights add up to 0")
+        return self
+
+
 class CacheSettings(BaseModel):
     """The answer cache in front of generation: exact (same normalised question, filters, tenant
     and settings) and semantic (a question whose embedding is this close); an answer is dropped
@@ -584,6 +621,7 @@ class Settings(BaseSettings):
     injection: InjectionSettings = Field(default_factory=InjectionSettings)
     citations: CitationSettings = Field(default_factory=CitationSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    experiment: ExperimentSettings = Field(default_factory=ExperimentSettings)
 
     @classmethod
     def settings_customise_sources(
