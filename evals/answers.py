@@ -15,7 +15,9 @@ generate, cite. The generator, retriever and every other setting come from ``Set
 - **Sample.** ``limit`` questions are drawn with ``seed``, so two configurations are
   compared on the same questions.
 - **Per query** it records the retrieved and packed chunks, the answer and its citations,
-  every stage's milliseconds, TTFT, token counts, cache status and the degraded flag, and
+  every stage's milliseconds, TTFT, token counts, cache status, the degraded flag and the
+  router's signals (``route``, :func:`rag.routing.route_signals`: ``ragqa eval fit-router``
+  fits the router on two runs' rows), and
   scores it (:mod:`evals.qa_metrics`), as one line of ``rows.jsonl`` written as soon as it is
   known: an interrupted run resumes where it stopped when started again with the same
   arguments.
@@ -45,7 +47,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,7 @@ from evals.retrieval import Corpus, load_corpus, load_qrels, read_jsonl
 from rag.config import Settings
 from rag.errors import ConfigError
 from rag.lang import detect_lang
+from rag.routing import route_signals
 
 __all__ = ["QAItem", "LATENCIES", "load_qa", "run_answer_eval", "sample", "summarize"]
 
@@ -411,6 +414,9 @@ async def _one(answerer: Any, retriever: _EvalRetriever, item: QAItem, kind: str
         "cache": done.cache if done is not None else None,
         "degraded": bool(done.degraded) if done is not None else False,
         "finish_reason": done.finish_reason if done is not None else None, "error": error,
+        # the router's signals, so that ragqa eval fit-router can fit its thresholds without a re-run
+        "route": asdict(route_signals(item.question, lang=item.lang, hits=retriever.hits, legs=None,
+                                      packed_chunks=len(sources), turn=1)),
     }
     metrics: dict[str, float | None]
     if kind == "abstain":
