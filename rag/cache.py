@@ -403,7 +403,10 @@ def make_answer_cache(services: Services, *, salt: str = "",
                       settings: CacheSettings | None = None) -> AnswerCacheLayer | None:
     """The cache ``cache.*`` settings ask for; ``None`` when ``cache.backend`` is ``off``.
 
-    ``salt`` enters the fingerprint (the answerer passes its generator's name).
+    ``salt`` enters the fingerprint (the answerer passes its generator's name). The change log
+    applied before each lookup is the state's (:attr:`rag.services.Services.query_state`); a
+    process with none to read (servers only, no shared state) applies none, and a Redis store
+    gets the changes from the ingesting process (:func:`push_changes`).
     """
     cfg = settings or services.settings.cache
     store = make_store(services, cfg)
@@ -423,4 +426,4 @@ def make_answer_cache(services: Services, *, salt: str = "",
                             guards=cfg.guards,
                             embed=embed if cfg.semantic else None,
                             fingerprint=config_fingerprint(services.settings, salt),
-                            changes=services.state, default_top_k=services.settings.retrieval.top_k)
+                            changes=services.query_state, default_top_k=services.settings.retrieval.top_k)

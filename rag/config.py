@@ -138,9 +138,11 @@ class VectorSettings(BaseModel):
     )
     token: SecretStr | None = None
     collection: str = Field(default="ragqa_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
-    cache: bool = Field(
-        default=True,
-        description="Keep a local exact vector store beside the vector index, for fast rerank.",
+    cache: bool | None = Field(
+        default=None,
+        description="Keep a local exact vector store (<data_dir>/vectors.db) beside the vector index, for "
+        "fast rerank. Default: on with Milvus Lite, off with a Milvus server (which answers the fetch by id "
+        "itself, so API instances need no data directory).",
     )
 
 

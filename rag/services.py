@@ -122,6 +122,34 @@ class Services:
         return self._state_factory(self.settings)
 
     @property
+    def shared_state(self) -> bool:
+        """Whether the ingestion state is a database named by ``state.url`` (shared by every
+        instance), rather than the data directory's own ``state.db``."""
+        return self.settings.state.url is not None
+
+    @property
+    def servers_only(self) -> bool:
+        """Whether every index a question reads is a server that returns whole chunks:
+        Elasticsearch, a Milvus server, and no local vector store."""
+        s = self.settings
+        return (s.lexical.backend == "elasticsearch" and s.vector.backend == "milvus"
+                and "://" in s.milvus_uri and not self.local_vector_cache)
+
+    @property
+    def query_state(self) -> IndexState | None:
+        """The ingestion state as answering reads it (the cache's change log, the ``auto``
+        embedder's choice, text for hits that carry only ids), or ``None`` when this process
+        has none to read: on the servers-only settings (:attr:`servers_only`) with no shared
+        state (``state.url``) and no ``state.db`` in the data directory. Such a process
+        answers without a data directory: hits carry their text, a Redis answer cache gets
+        the change log from the ingesting process (:func:`rag.cache.push_changes`), and the
+        embedder must be named in the settings."""
+        if ("state" not in self.__dict__ and self._state_factory is not None and self.servers_only
+                and not self.shared_state and not (self.data_dir / "state.db").exists()):
+            return None
+        return self.state
+
+    @property
     def embedder(self) -> Embedder:
         """The configured embedder; with ``auto``, the recorded choice (MiniLM until there is one)."""
         if self._embedder is not None and not self._given and self._auto and self._choice is None:
@@ -155,7 +183,14 @@ class Services:
         if not self._auto:
             return None
         if self._choice is None:
-            raw = self.state.get_meta(AUTO_META)
+            state = self.query_state
+            if state is None:
+                raise ConfigError(
+                    "embedder.backend is auto, but this process has no ingestion state to read the "
+                    f"embedder chosen by the first ingest from ({self.data_dir / 'state.db'} does not exist): "
+                    "set state.url to the database the ingest wrote, or name the embedder "
+                    "(embedder.backend) the index was built with")
+            raw = state.get_meta(AUTO_META)
             self._choice = json.loads(raw) if raw else None
         return self._choice
 
@@ -264,9 +299,22 @@ class Services:
     def vector_cache(self) -> VectorIndex | None:
         """The local exact vector store used for reranking, or ``None`` when turned off (an
         empty stand-in until ``auto`` has chosen the model, as for :attr:`vector`)."""
-        if not self.settings.vector.cache and self.settings.vector.backend != "numpy":
+        if not self.local_vector_cache:
             return None
         return NO_VECTORS if self.embedder_undecided else self._vector_cache
+
+    @property
+    def local_vector_cache(self) -> bool:
+        """Whether a local exact vector store sits beside the vector index (``vector.cache``).
+        Unset, it is on with Milvus Lite, whose fetch by id is 30-50 times slower, and off with
+        a Milvus server, which answers the fetch itself, keeps every instance on the same
+        vectors and needs no data directory (figures: bench/RESULTS-query-path.md)."""
+        cfg = self.settings.vector
+        if cfg.backend == "numpy":
+            return True
+        if cfg.cache is not None:
+            return bool(cfg.cache)
+        return "://" not in self.settings.milvus_uri
 
     @cached_property
     def _vector_cache(self) -> VectorIndex:
@@ -299,7 +347,7 @@ class Services:
         return {
             "lexical": lexical,
             "vector": vector,
-            "vector_cache": "numpy (vectors.db)" if s.vector.cache or s.vector.backend == "numpy" else "off",
+            "vector_cache": "numpy (vectors.db)" if self.local_vector_cache else "off",
             "embedder": self._embedder_text(),
         }
 

@@ -319,10 +319,17 @@ class HybridRetriever:
                 for cid, score in fused]
 
     def _hydrate(self, hits: list[Hit]) -> list[Hit]:
+        """Fill in the chunks of hits from an index that returned only ids, from the state.
+        Every index ragqa ships (tantivy, Elasticsearch, Milvus, the local vector store)
+        returns whole chunks, so answering reads no state unless an id-only index is plugged in."""
         missing = [h.chunk_id for h in hits if h.chunk is None]
         if not missing:
             return hits
-        chunks = self.services.state.get_chunks(missing)
+        # (a plain object standing in for Services has no query_state: its state is the one to read)
+        state = self.services.query_state if hasattr(type(self.services), "query_state") else self.services.state
+        if state is None:
+            return hits
+        chunks = state.get_chunks(missing)
         out = []
         for h in hits:
             chunk = h.chunk if h.chunk is not None else chunks.get(h.chunk_id)
