@@ -133,17 +133,20 @@ class CachedAnswer:
     question: str = ""  # normalised: the exact key's form
     created: float = 0.0
     asked: str = ""  # as typed: the semantic lookup's guards compare it (names keep their capitals)
+    versions: dict[str, Any] = field(default_factory=dict)  # the answer's profile, model, prompt version, route, arm
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "sources": [_citation_dict(c) for c in self.sources],
                 "citations": [_citation_dict(c) for c in self.citations], "finish_reason": self.finish_reason,
-                "usage": dict(self.usage), "question": self.question, "created": self.created, "asked": self.asked}
+                "usage": dict(self.usage), "question": self.question, "created": self.created, "asked": self.asked,
+                "versions": dict(self.versions)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CachedAnswer:
         return cls(d["text"], tuple(_citation(c) for c in d.get("sources", ())),
                    tuple(_citation(c) for c in d.get("citations", ())), d.get("finish_reason", "stop"),
-                   dict(d.get("usage", {})), d.get("question", ""), float(d.get("created", 0.0)), d.get("asked", ""))
+                   dict(d.get("usage", {})), d.get("question", ""), float(d.get("created", 0.0)), d.get("asked", ""),
+                   dict(d.get("versions") or {}))
 
 
 @dataclass(slots=True)
@@ -180,6 +183,11 @@ def config_fingerprint(settings: Settings, salt: str = "") -> str:
         "vector": settings.vector.model_dump(mode="json", include={"backend", "uri", "collection"}),
         "salt": salt,
     }
+    if settings.profiles:  # the other profiles shape the answers routed to them
+        parts["profiles"] = {name: cfg.model_dump(mode="json", exclude={"api_key", "timeout_s", "connect_retries"})
+                             for name, cfg in sorted(settings.profiles.items())}
+    if settings.routing.mode != "off":  # the router's thresholds decide which profile answers
+        parts["routing"] = settings.routing.model_dump(mode="json")
     return _digest(json.dumps(parts, sort_keys=True, default=str))
 
 
@@ -219,12 +227,12 @@ class AnswerCacheLayer:
         return self._threshold
 
     def scope(self, *, filters: Filters | None, history: Sequence[Mapping[str, str]], top_k: int | None,
-              overrides: Mapping[str, Any] | None) -> str:
+              overrides: Mapping[str, Any] | None, variant: str = "") -> str:
         # repr of the frozen Filters (tuples, datetimes, an enum) is exact and several times
         # cheaper than json.dumps(asdict(...)) on every lookup
         parts = (self.fingerprint, repr(filters or _NO_FILTERS), top_k or self.default_top_k,
                  [(t.get("role", ""), t.get("content", "")) for t in history],
-                 sorted((k, v) for k, v in (overrides or {}).items() if v is not None))
+                 sorted((k, v) for k, v in (overrides or {}).items() if v is not None), variant)
         return _digest(repr(parts))
 
     def sync(self) -> int:
@@ -243,21 +251,24 @@ class AnswerCacheLayer:
             return dropped
 
     def lookup(self, question: str, *, filters: Filters | None = None, history: Sequence[Mapping[str, str]] = (),
-               top_k: int | None = None, overrides: Mapping[str, Any] | None = None) -> Lookup:
+               top_k: int | None = None, overrides: Mapping[str, Any] | None = None, variant: str = "") -> Lookup:
         """The exact lookup, then on a miss the semantic one."""
-        found = self.lookup_exact(question, filters=filters, history=history, top_k=top_k, overrides=overrides)
+        found = self.lookup_exact(question, filters=filters, history=history, top_k=top_k, overrides=overrides,
+                                  variant=variant)
         if found.kind == "miss":
             self.lookup_semantic(found)
         return found
 
     def lookup_exact(self, question: str, *, filters: Filters | None = None,
                      history: Sequence[Mapping[str, str]] = (), top_k: int | None = None,
-                     overrides: Mapping[str, Any] | None = None) -> Lookup:
+                     overrides: Mapping[str, Any] | None = None, variant: str = "") -> Lookup:
         """The exact lookup alone. With a memory store it does no I/O and no model work
-        (:attr:`inline`: the answerer runs it on the event loop, tens of microseconds)."""
+        (:attr:`inline`: the answerer runs it on the event loop, tens of microseconds).
+        ``variant`` names what else decides the answer (the answerer's profile, prompt version and
+        experiment arm): answers of different variants are different entries, exact and semantic."""
         started = time.perf_counter()
         self.sync()
-        scope = self.scope(filters=filters, history=history, top_k=top_k, overrides=overrides)
+        scope = self.scope(filters=filters, history=history, top_k=top_k, overrides=overrides, variant=variant)
         normalised = normalise_question(question)
         found = Lookup(_digest(scope, normalised), scope, normalised, asked=question)
         value, clock = self.backend.get(found.key, (filters or Filters()).source)
@@ -317,7 +328,7 @@ class AnswerCacheLayer:
         changed since the lookup (its context may already be stale)."""
         self.sync()
         answer = CachedAnswer(answer.text, answer.sources, answer.citations, answer.finish_reason, answer.usage,
-                              lookup.question, time.time(), lookup.asked)
+                              lookup.question, time.time(), lookup.asked, answer.versions)
         return self._put(lookup.key, answer, lookup.generation,
                          scope=lookup.scope if lookup.vector is not None else None, vector=lookup.vector)
 

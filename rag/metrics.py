@@ -11,11 +11,12 @@ Example::
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["REGISTRY", "INDEX_DRIFT_CHUNKS", "DRIFT_META", "GpuMemoryCollector", "INDEX_LAST_SUCCESS", "REINDEX_RUNS", "DELETIONS_REFUSED", "CHUNKS_EMBEDDED",
            "INJECTION_QUESTIONS", "INJECTION_BLOCKS", "INJECTION_CHUNKS", "INJECTION_RULES",
-           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN", "ANSWERS_IN_FLIGHT", "ANSWERS_QUEUED", "ANSWERS_REJECTED"]
+           "INJECTION_HISTORY_DROPPED", "CACHE_DROPPED", "CACHE_RECHECKS", "CACHE_ERRORS", "RETRIEVAL_LEG_DOWN", "ANSWERS_IN_FLIGHT", "ANSWERS_QUEUED", "ANSWERS_REJECTED",
+           "PROFILE_REQUESTS", "PROFILE_TTFT", "PROFILE_TOKENS", "ROUTER_DECISIONS"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -201,3 +202,22 @@ CACHE_ERRORS = Counter(
     ["op"],
     registry=REGISTRY,
 )
+
+# Generator profiles and the router (rag/answer.py, rag/routing.py; docs/profiles.md)
+_PROFILE_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+PROFILE_REQUESTS = Counter(
+    "profile_requests",
+    "Answers by the generator profile that wrote them (extractive: the last fallback) and outcome: ok, "
+    "error, cached (replayed from the answer cache).",
+    ["profile", "outcome"], registry=REGISTRY)
+PROFILE_TTFT = Histogram(
+    "profile_ttft_seconds", "Time from the question to the first answer token, per generator profile.",
+    ["profile"], buckets=_PROFILE_LATENCY, registry=REGISTRY)
+PROFILE_TOKENS = Counter(
+    "profile_tokens", "Tokens read (prompt) and written (completion) per generator profile.",
+    ["profile", "kind"], registry=REGISTRY)
+ROUTER_DECISIONS = Counter(
+    "router_decisions",
+    "Profiles chosen per request and why: the router's rule (numbers left out), forced (the request named "
+    "it), experiment, routing off, cascade (first try), or cascade escalation (abstained, uncited).",
+    ["profile", "reason"], registry=REGISTRY)

@@ -186,6 +186,8 @@ class Answer:
     degraded: bool = False
     cache: str = "miss"
     timings: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    """The profile, model, quantization, prompt version, route and experiment arm (rag/answer.py)."""
 
 
 @dataclass(frozen=True, slots=True)
