@@ -355,7 +355,10 @@ class Services:
         cfg = self.settings.embedder
         if not self._auto:
             return cfg.model or f"{cfg.backend} (default model)"
-        choice = self.embedder_choice()
+        try:
+            choice = self.embedder_choice()
+        except ConfigError as exc:  # no state to read it from: say so, as the vector index will
+            return f"auto (unknown: {exc})"
         if choice is None:
             return "auto (not chosen yet: the first ingest chooses from its documents' language)"
         return f"auto: {choice['backend']}, {choice['reason']}"
