@@ -39,6 +39,7 @@ from serve.metrics import RequestMetrics
 from serve.metrics_scrape import worker_exit
 from serve.qa_log import QALog
 from serve.redis_streams import make_stream_store
+from serve.routes_experiments import Experiments
 from serve.schemas import ChatCompletionChunk
 from serve.streams import StreamManager
 
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await answerer.close()
             if state.qa_log is not None:
                 state.qa_log.close()
+            await app.state.experiments.aclose()
             if owned:
                 services.close()
             worker_exit()  # with several workers: this one's in-flight gauges leave the sums
@@ -97,10 +99,20 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="ragqa", version="0.1.0", lifespan=lifespan,
                   summary="Question answering over your documents, with citations. OpenAI-compatible.")
     app.state.ragqa = state
+    app.state.experiments = Experiments(settings)  # the A/B split every worker follows, and answer records
     install_handlers(app)
-    from serve import routes_admin, routes_ask, routes_cache, routes_chat, routes_ops
+    from serve import (
+        routes_admin,
+        routes_ask,
+        routes_cache,
+        routes_chat,
+        routes_experiments,
+        routes_feedback,
+        routes_ops,
+    )
 
-    routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_cache, routes_ops)]
+    routers = [module.router for module in (routes_chat, routes_ask, routes_admin, routes_cache, routes_ops,
+                                            routes_experiments, routes_feedback)]
     for router in routers:
         app.include_router(router)
     from serve import routes_page

@@ -18,6 +18,7 @@ import click
 from ragqa.cli.cache import cache_group
 from ragqa.cli.common import Context
 from ragqa.cli.evals import eval_group
+from ragqa.cli.experiment import experiment_group
 from ragqa.cli.indexes import rebuild, verify
 from ragqa.cli.keys import keys_group
 from ragqa.cli.search import search
@@ -47,7 +48,7 @@ def cli(ctx: click.Context, config: str | None, data_dir: str | None, log_json: 
 
 
 for command in (ingest, reindex, status, schedule, search, sources_cmd, verify, rebuild, eval_group, serve, ask,
-                keys_group, cache_group):
+                keys_group, cache_group, experiment_group):
     cli.add_command(command)
 
 
