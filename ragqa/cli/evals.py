@@ -40,7 +40,8 @@ def eval_group() -> None:
     `retrieval` scores the ranking alone; `answers` runs the whole answer pipeline and scores
     the answers, citations and latency; `compare` puts two answer runs side by side with
     bootstrap intervals; `gate` fails when a run is worse than a baseline; `cache` measures
-    the semantic answer cache's threshold and guards on labelled question pairs.
+    the semantic answer cache's threshold and guards on labelled question pairs; `fit-router`
+    fits the router's thresholds on a small and a large profile's answer runs.
     """
 
 
@@ -367,3 +368,52 @@ def gate_cmd(baseline: str, run: str, tolerances: tuple[str, ...], metrics: str 
     emit(result, as_json, render_gate)
     if not result["passed"]:
         raise SystemExit(1)
+
+
+@eval_group.command("fit-router")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--tolerance", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Small is good enough when its F1 is at least the large one's minus this (F1 points, 0-100).")
+@click.option("--max-loss", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="The most the routed F1 may fall below the large profile alone (F1 points).")
+@click.option("--folds", type=click.IntRange(2), default=5, show_default=True,
+              help="Cross-validation folds for the reported figures.")
+@click.option("--signals", "signals_from", type=click.Choice(["large", "small"]), default="large",
+              show_default=True, help="Which run's recorded router signals to use.")
+@click.option("--resamples", type=click.IntRange(1000), default=2000, show_default=True,
+              help="Paired bootstrap resamples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Folds and bootstrap seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit as one JSON object.")
+@handle_errors
+def fit_router_cmd(runs: tuple[str, ...], tolerance: float, max_loss: float, folds: int, signals_from: str,
+                   resamples: int, seed: int, as_json: bool) -> None:
+    """Fit the router's thresholds on SMALL_RUN LARGE_RUN (more pairs: one router for all).
+
+    Each pair is two `eval answers` runs of the same sample, one per generator profile. A
+    question is labelled "small is good enough" when the small F1 is at least the large F1
+    minus --tolerance; the rules that send the most questions to the small profile with the
+    routed F1 no more than --max-loss points below the large profile alone are fitted. The
+    share on small and the F1 delta (95% paired bootstrap interval) are cross-validated, per
+    dataset and along a trade-off curve of loss budgets; the settings to paste are fitted on
+    all the questions.
+
+    Example: ragqa eval fit-router runs/xquad-en-extractive runs/xquad-en-q15 --max-loss 1
+    """
+    import json
+
+    from evals.compare import load_run
+    from evals.fit_router import fit_router, render_fit
+    from rag.errors import ConfigError
+
+    if len(runs) % 2:
+        raise ConfigError(f"runs come in pairs, SMALL_RUN LARGE_RUN; got {len(runs)}")
+    pairs, names = [], []
+    for i in range(0, len(runs), 2):
+        pairs.append((load_run(runs[i]), load_run(runs[i + 1])))
+        summary = Path(runs[i + 1]) / "summary.json"
+        name = json.loads(summary.read_text(encoding="utf-8")).get("dataset") if summary.is_file() else None
+        name = str(name or Path(runs[i + 1]).name)
+        names.append(name if name not in names else f"{name}#{i // 2 + 1}")
+    report = fit_router(pairs, names=names, tolerance=tolerance, max_loss=max_loss, folds=folds,
+                        signals_from=signals_from, resamples=resamples, seed=seed)
+    emit(report, as_json, render_fit)
