@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-import rag.config
-from rag.config import RouterRules
+from rag.config import RouterRules, RoutingSettings, Settings
 from rag.routing import Decision, Router, RouteSignals, agreement, question_tokens, route_signals
 from rag.types import Hit
 
 
-def routing(mode: str = "rules", **rules: Any) -> Any:
-    settings = getattr(rag.config, "RoutingSettings", None)
-    if settings is not None:
-        return settings(mode=mode, rules=RouterRules(**rules))
-    return SimpleNamespace(mode=mode, small="small", large="default", rules=RouterRules(**rules))
+def routing(mode: str = "rules", **rules: Any) -> RoutingSettings:
+    return RoutingSettings(mode=mode, rules=RouterRules(**rules))
 
 
 def hit(cid: str, score: float, bm25: int | None = None, vector: int | None = None) -> Hit:
@@ -107,3 +102,15 @@ def test_rules_come_from_settings_and_are_validated() -> None:
         RouterRules(min_agreement=1.5)
     with pytest.raises(ValueError):
         RouterRules.model_validate({"small_kinds": ["trivia"]})
+
+
+def test_the_rules_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_PROFILES__SMALL__BACKEND", "extractive")
+    monkeypatch.setenv("RAG_ROUTING__MODE", "rules")
+    monkeypatch.setenv("RAG_ROUTING__RULES__SMALL_KINDS", '["factual", "open"]')
+    monkeypatch.setenv("RAG_ROUTING__RULES__MIN_MARGIN", "0.0021")
+    settings = Settings()
+    assert settings.routing.rules.small_kinds == ("factual", "open")
+    decision = Router(settings.routing).decide(replace(EASY, kind="open", margin=0.001))
+    assert decision.reason == "large: margin 0.001 < 0.0021"
+    assert Router(settings.routing).decide(replace(EASY, kind="open")).profile == "small"
