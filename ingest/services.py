@@ -1,4 +1,5 @@
-"""Services with this data directory's ingestion state, the SQLite :class:`StateDB`.
+"""Services with their ingestion state: the :class:`StateDB` of ``state.url``, SQLite in the
+data directory by default.
 
 The core's :class:`rag.services.Services` reads the state only through
 :class:`rag.types.IndexState` and never builds one; every process that ingests, serves,
@@ -24,10 +25,10 @@ __all__ = ["open_services", "open_state", "state_db"]
 
 
 def open_state(settings: Settings) -> StateDB:
-    """The state in ``settings.data_dir``, with the sources the settings file declares added."""
-    data_dir = Path(settings.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    state = StateDB(data_dir / "state.db")
+    """The state at ``settings.state_url`` (``state.db`` in the data directory unless
+    ``state.url`` names a shared database), with the sources the settings file declares added."""
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    state = StateDB(settings.state_url)
     for source in settings.sources:
         state.add_source(source)
     return state

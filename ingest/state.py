@@ -1,21 +1,23 @@
 """The state database: what was indexed, from where, with which hashes.
 
-One SQLite file under the data directory records sources, documents (with the hash of
-their normalised text and the HTTP validators of their last fetch), chunks (id, hash and
-text, so any index can be rebuilt or repaired without crawling again) and a log of runs.
-The indexes are written before the state, so a run that dies half way is simply redone.
+One SQL database records sources, documents (with the hash of their normalised text and the
+HTTP validators of their last fetch), chunks (id, hash and text, so any index can be rebuilt
+or repaired without crawling again), a log of runs and the change log. It is SQLite in the
+data directory by default (``state.db``), or a PostgreSQL database that several instances
+share (``state.url``), through SQLAlchemy. The indexes are written before the state, so a run
+that dies half way is simply redone.
 
 Example::
 
-    state = StateDB(Path(".ragqa/state.db"))
+    state = StateDB(Path(".ragqa/state.db"))          # or StateDB("postgresql+psycopg://...")
     state.add_source(SourceConfig(name="docs", kind="folder", location="docs"))
     print(state.counts())
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sqlite3
 import threading
 import time
 import uuid
@@ -25,35 +27,27 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ingest.state_sql import (
+    changes,
+    create_tables,
+    dialect_insert,
+    documents,
+    make_engine,
+    meta,
+    runs,
+    sources,
+    translated,
+)
+from ingest.state_sql import chunks as _chunks
 from rag.config import SourceConfig
 from rag.errors import ConfigError
 from rag.types import Chunk, Document, IndexChange, Trust
 
 __all__ = ["StateDB", "DocState", "chunk_to_json", "chunk_from_json"]
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sources (
-    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    id TEXT PRIMARY KEY, source TEXT NOT NULL, url TEXT NOT NULL, title TEXT NOT NULL,
-    text_hash TEXT NOT NULL, etag TEXT, last_modified TEXT, lang TEXT,
-    modified TEXT, published TEXT, fetched_at TEXT, updated_at REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS documents_source ON documents(source);
-CREATE INDEX IF NOT EXISTS documents_url ON documents(source, url);
-CREATE TABLE IF NOT EXISTS chunks (
-    id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, source TEXT NOT NULL, ordinal INTEGER NOT NULL,
-    hash TEXT NOT NULL, data TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
-CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, mode TEXT NOT NULL,
-    started_at REAL NOT NULL, finished_at REAL, status TEXT NOT NULL, report TEXT);
-CREATE INDEX IF NOT EXISTS runs_source ON runs(source, started_at);
-CREATE TABLE IF NOT EXISTS changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
-    removed TEXT NOT NULL, added INTEGER NOT NULL);
-"""
 CHANGE_LOG_S = 8 * 86_400
 """How long the change log keeps an entry: longer than an answer can be cached (``cache.ttl_s``
 is at most 7 days), so a cache that reads the log never misses a change to an answer it holds."""
@@ -94,137 +88,171 @@ def chunk_from_json(text: str) -> Chunk:
     return Chunk(**data)
 
 
+_GET_CHUNKS = sa.select(_chunks.c.id, _chunks.c.data).where(_chunks.c.id.in_(sa.bindparam("ids", expanding=True)))
+_CHUNK_HASHES = sa.select(_chunks.c.id, _chunks.c.hash).where(_chunks.c.doc_id == sa.bindparam("doc_id"))
+_LAST_CHANGE = sa.select(sa.func.coalesce(sa.func.max(changes.c.seq), 0))
+# Every write on PostgreSQL holds this lock until it commits, as BEGIN IMMEDIATE does on SQLite:
+# change-log sequence numbers then commit in their order, so a reader that has seen seq N never
+# later finds a smaller one appear, and a document's old chunks are read by one writer at a time.
+_PG_WRITE_LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(
+    sa.func.concat("ragqa.state.write:", sa.func.current_schema()), 0)))
+
+
 class StateDB:
-    """SQLite state for sources, documents, chunks, runs and the change log. Safe to share
-    between threads.
+    """Sources, documents, chunks, runs and the change log, in SQLite or PostgreSQL. Safe to
+    share between threads, and on PostgreSQL between processes and machines.
 
     The change log (:class:`rag.types.ChangeLog`) records, in the transaction that replaces or
     deletes a document's chunks, the chunk ids that left the index and how many arrived; the
     answer cache reads it to drop exactly the answers built from changed text.
+
+    ``target`` is the SQLite file (a path) or a database URL (``sqlite:///...``,
+    ``postgresql+psycopg://user@host:5432/db``; its tables go in the connection's schema).
     """
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+    def __init__(self, target: Path | str) -> None:
+        if isinstance(target, str) and "://" in target:
+            url = target
+        else:
+            url = f"sqlite:///{Path(target)}"
+        self.url = url
+        self._engine = make_engine(url)
+        self.path: Path | None = Path(self._engine.url.database) if self._engine.url.database else None
+        self._pg = self._engine.dialect.name == "postgresql"
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        # A second connection, only for ``PRAGMA data_version``: it moves at every commit of any
-        # other connection (this object's writes included), and reading it never waits for a
-        # write transaction to finish.
-        self._watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._watch_lock = threading.Lock()
+        create_tables(self._engine)
+        if self._pg:
+            self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            # One connection for writes and reads (SQLite has one writer), and a second only for
+            # the change log and ``PRAGMA data_version``: that moves at every commit of any other
+            # connection (this object's writes included), and reading it never waits for a write
+            # transaction to finish (WAL readers never wait for a writer).
+            self._db = self._engine.connect()
+            self._watch = self._engine.connect()
+            self._watch_raw: Any = self._watch.connection.dbapi_connection  # a sqlite3.Connection
         self.log_id = self.get_meta("log_id") or self._new_log_id()
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
-        with self._watch_lock:
-            self._watch.close()
+        if not self._pg:
+            with self._lock:
+                self._db.close()
+            with self._watch_lock:
+                self._watch.close()
+        self._engine.dispose()
 
-    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            cur = self._db.execute(sql, args)
-            cur.row_factory = sqlite3.Row
-            return cur.fetchall()
+    # -- connections ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        if self._pg:
+            with translated(self._engine), self._reader.connect() as conn:
+                yield conn
+        else:
+            with self._lock:
+                yield self._db
 
-    def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+    @contextlib.contextmanager
+    def _watched(self) -> Iterator[Connection]:
+        """A read of the change log: the answer cache reads it on the event loop, and a reindex
+        holding the main connection for a write must not make it wait."""
+        if self._pg:
+            with translated(self._engine), self._reader.connect() as conn:
+                yield conn
+        else:
+            with self._watch_lock:
+                yield self._watch
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """One write transaction, the only writer of the database while it lasts."""
+        if self._pg:
+            with translated(self._engine), self._engine.begin() as conn:
+                conn.execute(_PG_WRITE_LOCK)
+                yield conn
+            return
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.exec_driver_sql("BEGIN IMMEDIATE")
             try:
-                for sql, args in statements:
-                    self._db.execute(sql, args)
+                yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.exec_driver_sql("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            self._db.exec_driver_sql("COMMIT")
+
+    def _rows(self, stmt: sa.Executable, args: dict[str, Any] | None = None) -> list[sa.Row[Any]]:
+        with self._read() as conn:
+            return list(conn.execute(stmt, args or {}).fetchall())
 
     # -- meta ---------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
-        rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0]["value"] if rows else None
+        rows = self._rows(sa.select(meta.c.value).where(meta.c.key == key))
+        return rows[0].value if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
+        stmt = dialect_insert(self._engine, meta).values(key=key, value=value)
+        with self._transaction() as conn:
+            conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": stmt.excluded.value}))
 
     # -- sources ------------------------------------------------------------------------
     def add_source(self, cfg: SourceConfig) -> None:
-        self._write(
-            [
-                (
-                    "INSERT INTO sources (name, config, created_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT(name) DO UPDATE SET config = excluded.config",
-                    (cfg.name, cfg.model_dump_json(), time.time()),
-                )
-            ]
-        )
+        stmt = dialect_insert(self._engine, sources).values(
+            name=cfg.name, config=cfg.model_dump_json(), created_at=time.time())
+        with self._transaction() as conn:
+            conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"config": stmt.excluded.config}))
 
     def remove_source(self, name: str) -> None:
-        self._write([("DELETE FROM sources WHERE name = ?", (name,))])
+        with self._transaction() as conn:
+            conn.execute(sa.delete(sources).where(sources.c.name == name))
 
     def sources(self) -> list[SourceConfig]:
-        rows = self._rows("SELECT config FROM sources ORDER BY name")
-        return [SourceConfig.model_validate_json(r["config"]) for r in rows]
+        rows = self._rows(sa.select(sources.c.config).order_by(sources.c.name))
+        return [SourceConfig.model_validate_json(r.config) for r in rows]
 
     def source(self, name: str) -> SourceConfig:
-        rows = self._rows("SELECT config FROM sources WHERE name = ?", (name,))
+        rows = self._rows(sa.select(sources.c.config).where(sources.c.name == name))
         if not rows:
             known = ", ".join(s.name for s in self.sources()) or "none registered"
             raise ConfigError(f"unknown source {name!r} (known: {known})")
-        return SourceConfig.model_validate_json(rows[0]["config"])
+        return SourceConfig.model_validate_json(rows[0].config)
 
     # -- documents ----------------------------------------------------------------------
     def documents(self, source: str) -> dict[str, DocState]:
-        rows = self._rows(
-            "SELECT id, url, text_hash, etag, last_modified FROM documents WHERE source = ?",
-            (source,),
-        )
-        return {r["id"]: DocState(r["id"], r["url"], r["text_hash"], r["etag"], r["last_modified"]) for r in rows}
+        d = documents.c
+        rows = self._rows(sa.select(d.id, d.url, d.text_hash, d.etag, d.last_modified).where(d.source == source))
+        return {r.id: DocState(r.id, r.url, r.text_hash, r.etag, r.last_modified) for r in rows}
 
     def document_row(self, doc_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM documents WHERE id = ?", (doc_id,))
-        return dict(rows[0]) if rows else None
+        rows = self._rows(sa.select(documents).where(documents.c.id == doc_id))
+        return dict(rows[0]._mapping) if rows else None
 
     def save_document(self, doc: Document, text_hash: str, etag: str | None,
                       last_modified: str | None, chunks: Sequence[Chunk]) -> None:
         """Record a (re)indexed document and replace its chunk rows, logging the change, in one
         transaction."""
-        with self._lock:
-            old = set(self.chunk_hashes(doc.id))
-            new = {c.id for c in chunks}
-            self._write(self._save_statements(doc, text_hash, etag, last_modified, chunks)
-                        + self._change(doc.source, "chunks", old - new, len(new - old)))
-
-    def _save_statements(self, doc: Document, text_hash: str, etag: str | None, last_modified: str | None,
-                         chunks: Sequence[Chunk]) -> list[tuple[str, Sequence[Any]]]:
-        statements: list[tuple[str, Sequence[Any]]] = [
-            (
-                "INSERT OR REPLACE INTO documents (id, source, url, title, text_hash, etag, "
-                "last_modified, lang, modified, published, fetched_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (doc.id, doc.source, doc.url, doc.title, text_hash, etag, last_modified, doc.lang,
-                 _dt(doc.modified), _dt(doc.published), _dt(doc.fetched_at), time.time()),
-            ),
-            ("DELETE FROM chunks WHERE doc_id = ?", (doc.id,)),
-        ]
-        statements += [
-            ("INSERT INTO chunks (id, doc_id, source, ordinal, hash, data) VALUES (?, ?, ?, ?, ?, ?)",
-             (c.id, c.doc_id, c.source, c.ordinal, c.hash, chunk_to_json(c)))
-            for c in chunks
-        ]
-        return statements
+        row = {"id": doc.id, "source": doc.source, "url": doc.url, "title": doc.title, "text_hash": text_hash,
+               "etag": etag, "last_modified": last_modified, "lang": doc.lang, "modified": _dt(doc.modified),
+               "published": _dt(doc.published), "fetched_at": _dt(doc.fetched_at), "updated_at": time.time()}
+        upsert = dialect_insert(self._engine, documents).values(**row)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["id"], set_={k: upsert.excluded[k] for k in row if k != "id"})
+        new = {c.id for c in chunks}
+        with self._transaction() as conn:
+            old = set(self._chunk_hashes(conn, doc.id))
+            conn.execute(upsert)
+            conn.execute(sa.delete(_chunks).where(_chunks.c.doc_id == doc.id))
+            if chunks:
+                conn.execute(sa.insert(_chunks), [
+                    {"id": c.id, "doc_id": c.doc_id, "source": c.source, "ordinal": c.ordinal, "hash": c.hash,
+                     "data": chunk_to_json(c)} for c in chunks])
+            self._change(conn, doc.source, "chunks", old - new, len(new - old))
 
     def touch_document(self, doc_id: str, etag: str | None, last_modified: str | None,
                        fetched_at: datetime | None) -> None:
         """Update only the validators of a document whose text did not change."""
-        self._write(
-            [(
-                "UPDATE documents SET etag = ?, last_modified = ?, fetched_at = ? WHERE id = ?",
-                (etag, last_modified, _dt(fetched_at), doc_id),
-            )]
-        )
+        with self._transaction() as conn:
+            conn.execute(sa.update(documents).where(documents.c.id == doc_id).values(
+                etag=etag, last_modified=last_modified, fetched_at=_dt(fetched_at)))
 
     def delete_documents(self, doc_ids: Iterable[str]) -> int:
         """Delete documents and their chunks, logging the chunks that left, in one transaction;
@@ -233,120 +261,123 @@ class StateDB:
         if not ids:
             return 0
         removed = 0
-        with self._lock:
-            statements: list[tuple[str, Sequence[Any]]] = []
+        with self._transaction() as conn:
             for doc_id in ids:
-                row = self._rows("SELECT source FROM documents WHERE id = ?", (doc_id,))
-                chunks = set(self.chunk_hashes(doc_id))
-                removed += len(chunks)
-                statements += self._change(row[0]["source"] if row else "", "chunks", chunks, 0)
-                statements.append(("DELETE FROM chunks WHERE doc_id = ?", (doc_id,)))
-                statements.append(("DELETE FROM documents WHERE id = ?", (doc_id,)))
-            self._write(statements)
+                source = conn.execute(sa.select(documents.c.source).where(documents.c.id == doc_id)).scalar()
+                gone = set(self._chunk_hashes(conn, doc_id))
+                removed += len(gone)
+                self._change(conn, source or "", "chunks", gone, 0)
+                conn.execute(sa.delete(_chunks).where(_chunks.c.doc_id == doc_id))
+                conn.execute(sa.delete(documents).where(documents.c.id == doc_id))
         return removed
 
     # -- the change log -----------------------------------------------------------------
     def _new_log_id(self) -> str:
-        with self._lock:
-            self._write([("INSERT OR IGNORE INTO meta (key, value) VALUES ('log_id', ?)", (uuid.uuid4().hex,))])
-            return self.get_meta("log_id") or ""
+        stmt = dialect_insert(self._engine, meta).values(key="log_id", value=uuid.uuid4().hex)
+        with self._transaction() as conn:
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+        return self.get_meta("log_id") or ""
 
-    def _change(self, source: str, kind: str, removed: set[str], added: int) -> list[tuple[str, Sequence[Any]]]:
+    def _change(self, conn: Connection, source: str, kind: str, removed: set[str], added: int) -> int | None:
+        """Log a change in the caller's transaction; returns its sequence number."""
         if kind == "chunks" and not removed and not added:
-            return []  # a reindex that changed nothing logs nothing
-        return [("INSERT INTO changes (at, source, kind, removed, added) VALUES (?, ?, ?, ?, ?)",
-                 (time.time(), source, kind, json.dumps(sorted(removed)), added))]
+            return None  # a reindex that changed nothing logs nothing
+        result = conn.execute(sa.insert(changes).values(
+            at=time.time(), source=source, kind=kind, removed=json.dumps(sorted(removed)), added=added))
+        return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def log_purge(self, source: str | None = None) -> int:
         """Log an operator's purge of the answers built from ``source`` (all answers when
         ``None``); every cache reading the log applies it. Returns its sequence number."""
-        with self._lock:
-            self._write(self._change(source or "", "purge", set(), 0))
-            return self.last_change()
+        with self._transaction() as conn:
+            return self._change(conn, source or "", "purge", set(), 0) or 0
 
     def change_token(self) -> object:
-        """Differs after any commit to the database, by this object or another process; a few
-        microseconds, and never waits for a write in progress."""
+        """Differs after any commit that logged a change, by this object or another process.
+        On SQLite a few microseconds (``PRAGMA data_version``), never waiting for a write in
+        progress; on PostgreSQL one indexed query."""
+        if self._pg:
+            with self._watched() as conn:
+                return conn.execute(_LAST_CHANGE).scalar()
         with self._watch_lock:
-            return self._watch.execute("PRAGMA data_version").fetchone()[0]
+            return self._watch_raw.execute("PRAGMA data_version").fetchone()[0]
 
     def changes_since(self, seq: int) -> list[IndexChange]:
-        rows = self._watched("SELECT seq, source, kind, removed, added FROM changes WHERE seq > ? ORDER BY seq", (seq,))
-        return [IndexChange(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4]) for r in rows]
+        c = changes.c
+        stmt = sa.select(c.seq, c.source, c.kind, c.removed, c.added).where(c.seq > seq).order_by(c.seq)
+        with self._watched() as conn:
+            rows = conn.execute(stmt).fetchall()
+        return [IndexChange(int(r[0]), r[1], r[2], tuple(json.loads(r[3])), int(r[4])) for r in rows]
 
     def change_summary(self, since_s: float = 86_400) -> dict[str, Any]:
         """The change log at a glance: its last sequence number, and what the last ``since_s``
         seconds logged (document changes, chunks removed and added, purges)."""
-        row = self._rows(
-            "SELECT COUNT(*) FILTER (WHERE kind = 'chunks') AS documents, "
-            "COALESCE(SUM(json_array_length(removed)), 0) AS removed, COALESCE(SUM(added), 0) AS added, "
-            "COUNT(*) FILTER (WHERE kind = 'purge') AS purges FROM changes WHERE at >= ?", (time.time() - since_s,))[0]
-        return {"last_change": self.last_change(), "window_s": since_s, "documents_changed": row["documents"],
-                "chunks_removed": row["removed"], "chunks_added": row["added"], "purges": row["purges"]}
+        c = changes.c
+        removed = c.removed if not self._pg else sa.cast(c.removed, sa.JSON)
+        row = self._rows(sa.select(
+            sa.func.count().filter(c.kind == "chunks").label("documents"),
+            sa.func.coalesce(sa.func.sum(sa.func.json_array_length(removed)), 0).label("removed"),
+            sa.func.coalesce(sa.func.sum(c.added), 0).label("added"),
+            sa.func.count().filter(c.kind == "purge").label("purges"),
+        ).where(c.at >= time.time() - since_s))[0]
+        return {"last_change": self.last_change(), "window_s": since_s, "documents_changed": int(row.documents),
+                "chunks_removed": int(row.removed), "chunks_added": int(row.added), "purges": int(row.purges)}
 
     def last_change(self) -> int:
-        return int(self._watched("SELECT COALESCE(MAX(seq), 0) FROM changes")[0][0])
-
-    def _watched(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """A read on the watching connection: the answer cache reads the log on the event loop,
-        and a reindex holding the main connection for a write must not make it wait (WAL readers
-        never wait for a writer)."""
-        with self._watch_lock:
-            return self._watch.execute(sql, args).fetchall()
+        with self._watched() as conn:
+            return int(conn.execute(_LAST_CHANGE).scalar() or 0)
 
     # -- chunks -------------------------------------------------------------------------
+    @staticmethod
+    def _chunk_hashes(conn: Connection, doc_id: str) -> dict[str, str]:
+        return {r.id: r.hash for r in conn.execute(_CHUNK_HASHES, {"doc_id": doc_id})}
+
     def chunk_hashes(self, doc_id: str) -> dict[str, str]:
         """Chunk id -> text hash for one document."""
-        rows = self._rows("SELECT id, hash FROM chunks WHERE doc_id = ?", (doc_id,))
-        return {r["id"]: r["hash"] for r in rows}
+        with self._read() as conn:
+            return self._chunk_hashes(conn, doc_id)
 
     def get_chunks(self, chunk_ids: Sequence[str]) -> dict[str, Chunk]:
         out: dict[str, Chunk] = {}
         ids = list(chunk_ids)
         for start in range(0, len(ids), 500):
-            part = ids[start:start + 500]
-            marks = ",".join("?" * len(part))
-            for r in self._rows(f"SELECT id, data FROM chunks WHERE id IN ({marks})", part):
-                out[r["id"]] = chunk_from_json(r["data"])
+            for r in self._rows(_GET_CHUNKS, {"ids": ids[start:start + 500]}):
+                out[r.id] = chunk_from_json(r.data)
         return out
 
     def iter_chunks(self, source: str | None = None) -> Iterator[Chunk]:
-        sql, args = "SELECT data FROM chunks", tuple[str, ...]()
+        stmt = sa.select(_chunks.c.data)
         if source is not None:
-            sql, args = sql + " WHERE source = ?", (source,)
-        for r in self._rows(sql + " ORDER BY doc_id, ordinal", args):
-            yield chunk_from_json(r["data"])
+            stmt = stmt.where(_chunks.c.source == source)
+        for r in self._rows(stmt.order_by(_chunks.c.doc_id, _chunks.c.ordinal)):
+            yield chunk_from_json(r.data)
 
     # -- runs and counts ----------------------------------------------------------------
     def start_run(self, source: str, mode: str) -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO runs (source, mode, started_at, status) VALUES (?, ?, ?, 'running')",
-                (source, mode, time.time()),
-            )
-            return int(cur.lastrowid or 0)
+        with self._transaction() as conn:
+            result = conn.execute(sa.insert(runs).values(
+                source=source, mode=mode, started_at=time.time(), status="running"))
+            return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def run_progress(self, run_id: int, progress: dict[str, Any]) -> None:
         """Record a running run's progress (``ingest.progress``), read back by :meth:`last_run`
         as its ``progress`` while its status is ``running``."""
-        self._write([("UPDATE runs SET report = ? WHERE id = ? AND status = 'running'",
-                      (json.dumps({"progress": progress}), run_id))])
+        with self._transaction() as conn:
+            conn.execute(sa.update(runs).where(runs.c.id == run_id, runs.c.status == "running").values(
+                report=json.dumps({"progress": progress})))
 
     def finish_run(self, run_id: int, status: str, report: dict[str, Any]) -> None:
         now = time.time()
-        self._write([
-            ("UPDATE runs SET finished_at = ?, status = ?, report = ? WHERE id = ?",
-             (now, status, json.dumps(report, default=str), run_id)),
-            ("DELETE FROM changes WHERE at < ?", (now - CHANGE_LOG_S,)),
-        ])
+        with self._transaction() as conn:
+            conn.execute(sa.update(runs).where(runs.c.id == run_id).values(
+                finished_at=now, status=status, report=json.dumps(report, default=str)))
+            conn.execute(sa.delete(changes).where(changes.c.at < now - CHANGE_LOG_S))
 
     def last_run(self, source: str) -> dict[str, Any] | None:
-        rows = self._rows(
-            "SELECT * FROM runs WHERE source = ? ORDER BY id DESC LIMIT 1", (source,)
-        )
+        rows = self._rows(sa.select(runs).where(runs.c.source == source).order_by(runs.c.id.desc()).limit(1))
         if not rows:
             return None
-        run = dict(rows[0])
+        run = dict(rows[0]._mapping)
         run["progress"] = None
         if run["status"] == "running" and run["report"]:
             run["progress"] = json.loads(run["report"]).get("progress")
@@ -354,31 +385,32 @@ class StateDB:
 
     def source_added(self, source: str) -> float | None:
         """Unix time the source was first added, or None for an unknown source."""
-        rows = self._rows("SELECT created_at FROM sources WHERE name = ?", (source,))
-        return float(rows[0]["created_at"]) if rows else None
+        rows = self._rows(sa.select(sources.c.created_at).where(sources.c.name == source))
+        return float(rows[0].created_at) if rows else None
 
     def last_success(self, source: str) -> float | None:
-        rows = self._rows(
-            "SELECT MAX(finished_at) AS t FROM runs WHERE source = ? AND status = 'ok'", (source,)
-        )
-        return rows[0]["t"] if rows and rows[0]["t"] is not None else None
+        rows = self._rows(sa.select(sa.func.max(runs.c.finished_at)).where(
+            runs.c.source == source, runs.c.status == "ok"))
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def runs(self, source: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM runs", tuple[str, ...]()
+        stmt = sa.select(runs)
         if source is not None:
-            sql, args = sql + " WHERE source = ?", (source,)
-        return [dict(r) for r in self._rows(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))]
+            stmt = stmt.where(runs.c.source == source)
+        return [dict(r._mapping) for r in self._rows(stmt.order_by(runs.c.id.desc()).limit(limit))]
 
     def languages(self) -> dict[str, int]:
         """Documents per detected language (``Document.lang``: ``en``, ``zh``, ``und``, ...)."""
-        rows = self._rows("SELECT COALESCE(lang, 'und') AS lang, COUNT(*) AS n FROM documents GROUP BY 1")
-        return {row["lang"]: int(row["n"]) for row in rows}
+        lang = sa.func.coalesce(documents.c.lang, "und")
+        rows = self._rows(sa.select(lang.label("lang"), sa.func.count().label("n")).group_by(lang))
+        return {row.lang: int(row.n) for row in rows}
 
     def counts(self, source: str | None = None) -> tuple[int, int]:
         """(documents, chunks), for one source or all."""
-        where, args = ("WHERE source = ?", (source,)) if source else ("", ())
-        docs = self._rows(f"SELECT COUNT(*) AS n FROM documents {where}", args)[0]["n"]
-        chunks = self._rows(f"SELECT COUNT(*) AS n FROM chunks {where}", args)[0]["n"]
-        return int(docs), int(chunks)
-
+        ndocs = sa.select(sa.func.count()).select_from(documents)
+        nchunks = sa.select(sa.func.count()).select_from(_chunks)
+        if source:
+            ndocs, nchunks = ndocs.where(documents.c.source == source), nchunks.where(_chunks.c.source == source)
+        with self._read() as conn:
+            return int(conn.execute(ndocs).scalar() or 0), int(conn.execute(nchunks).scalar() or 0)
 
