@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.errors import ConfigError
+from rag.text import shorten as _short
 
 __all__ = ["METRICS", "Metric", "compare", "gate", "load_run", "render_compare", "render_gate"]
 
@@ -212,11 +213,6 @@ def render_compare(report: Mapping[str, Any], label_a: str = "A", label_b: str =
         if len(flipped) > flips:
             lines.append(f"\n... and {len(flipped) - flips} more (--json lists them all)")
     return "\n".join(lines)
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def render_gate(result: Mapping[str, Any]) -> str:

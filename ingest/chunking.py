@@ -15,11 +15,11 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable
 
 from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharacterTextSplitter
 
+from rag.text import estimate_tokens
 from rag.types import Chunk, Document
 
 __all__ = ["Chunker", "chunk_id", "chunk_hash", "approx_token_count"]
@@ -34,12 +34,11 @@ SEPARATORS = [
     "",
 ]
 HEADERS = [("#", "h1"), ("##", "h2"), ("###", "h3")]
-_TOKEN_RE = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\s\u3400-\u9fff\uf900-\ufaff]+")
 
 
 def approx_token_count(text: str) -> int:
-    """A tokenizer-free estimate: one token per CJK character or per word."""
-    return len(_TOKEN_RE.findall(text))
+    """A tokenizer-free estimate (:func:`rag.text.estimate_tokens`), for a chunker without an embedder."""
+    return estimate_tokens(text)
 
 
 def chunk_hash(text: str) -> str:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
 
-from rag import lang as rag_lang
+from rag import text as rag_text
 
 __all__ = ["normalize_text", "text_hash", "detect_lang", "parse_datetime", "collapse_spaces"]
 
@@ -76,12 +76,13 @@ def text_hash(title: str, text: str) -> str:
 
 
 def detect_lang(text: str) -> str:
-    """``"zh"`` when more than a fifth of the letters are CJK ideographs, else ``"en"``.
+    """``"zh"`` when more than a fifth of the letters are Chinese characters, else ``"en"``
+    (:func:`rag.text.document_lang`).
 
     ``"und"`` for text without letters. Cheap and deterministic; a source that needs
     another language sets ``lang`` in its configuration.
     """
-    return rag_lang.detect_lang(text[:20000], threshold=0.2, empty="und")
+    return rag_text.document_lang(text)
 
 
 def parse_datetime(value: str | None) -> datetime | None:

@@ -40,6 +40,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+import regex
+
 from rag.errors import ConfigError
 from rag.injection_rules import DIRECTIVE, RULE_NAMES, RULES, Action, Rule
 from rag.lang import detect_lang
@@ -50,6 +52,7 @@ from rag.metrics import (
     INJECTION_QUESTIONS,
     INJECTION_RULES,
 )
+from rag.text import HAN_CLASS
 from rag.types import Chunk, Hit
 
 if TYPE_CHECKING:
@@ -110,6 +113,8 @@ _ZW_IN_WORD = re.compile(f"(?<=\\w)[{_ZERO_WIDTH}]+(?=\\w)")
 _SPACES = re.compile(r"[^\S\n]{2,}|[^\S\n ]")
 _NOT_WORD = re.compile(r"[\W_]+")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
+# Decoded base64 that reads as text: two words in a row, or four Chinese characters.
+_WORDS_IN_TEXT = regex.compile(rf"[^\W\d_]{{3,}}\s+[^\W\d_]{{2,}}|{HAN_CLASS}{{4,}}")
 _CONFUSABLES = str.maketrans({
     "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "х": "x", "у": "y", "і": "i", "ј": "j", "ѕ": "s",
     "ԁ": "d", "һ": "h", "ӏ": "l", "ո": "n", "ս": "u", "ɡ": "g", "α": "a", "ο": "o", "ι": "i", "ν": "v",
@@ -325,7 +330,7 @@ def _b64_text(blob: str) -> str | None:
     except (binascii.Error, ValueError):
         return None
     printable = sum(ch.isprintable() or ch in "\n\t" for ch in text)
-    if printable < 0.95 * len(text) or not re.search(r"[^\W\d_]{3,}\s+[^\W\d_]{2,}|[\u4e00-\u9fff]{4,}", text):
+    if printable < 0.95 * len(text) or not _WORDS_IN_TEXT.search(text):
         return None
     return text
 

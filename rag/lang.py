@@ -1,10 +1,11 @@
-"""The one language detector, and which languages an embedding model ranks well.
+"""Which languages an embedding model ranks well, and the question's language.
 
-ragqa serves English and Chinese. :func:`detect_lang` tells them apart by script, in about a
-microsecond: ``"zh"`` when more than 30% of a text's letters are Chinese characters, else
-``"en"`` (every other language is treated like English: Latin-script models cover most of
-them at least as well as they cover nothing). The prompt, the injection filter, the context
-focus and retrieval all use it, so a question is in one language everywhere.
+ragqa serves English and Chinese. :func:`detect_lang` (from :mod:`rag.text`, where the
+thresholds are explained) tells them apart by script, in about a microsecond: ``"zh"`` when
+more than 30% of a text's letters are Chinese characters, else ``"en"`` (every other language
+is treated like English: Latin-script models cover most of them at least as well as they
+cover nothing). The prompt, the injection filter, the context focus and retrieval all use it,
+so a question is in one language everywhere.
 
 :func:`model_languages` is what an embedder declares as its ``languages``: the languages it
 was trained to rank (``None``: any). Retrieval gives the vector leg no weight for a query in a
@@ -22,17 +23,16 @@ Example::
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from typing import Any
+
+from rag.text import HAN as CJK
+from rag.text import detect_lang
 
 __all__ = ["CJK", "LANG_NAMES", "detect_lang", "covers", "model_languages", "ranks", "jieba"]
 
 LANG_NAMES = {"en": "English", "zh": "Chinese"}
 
-CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef]")
-"""One Chinese (CJK unified) character."""
-_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 
 # English-only sentence-embedding families, by a substring of the lowercased model name.
 # Anything else is assumed multilingual unless the settings say otherwise
@@ -42,20 +42,6 @@ _ENGLISH_ONLY = ("all-minilm", "all-mpnet", "all-distilroberta", "multi-qa-", "m
                  "paraphrase-mpnet", "bge-small-en", "bge-base-en", "bge-large-en",
                  "gte-small", "gte-base", "gte-large", "e5-small-v2", "e5-base-v2", "e5-large-v2",
                  "nomic-embed-text", "embed-english")
-
-
-def detect_lang(text: str, *, threshold: float = 0.3, empty: str = "en") -> str:
-    """``"zh"`` when more than ``threshold`` of ``text``'s letters are Chinese characters, else
-    ``"en"``; ``empty`` for a text without letters.
-
-    Questions use the default 0.3, so one Chinese name in an English question stays English;
-    documents use 0.2 (``ingest.normalize.detect_lang``), since a Chinese page can carry much
-    English code and markup.
-    """
-    letters = len(_LETTER.findall(text))
-    if not letters:
-        return empty
-    return "zh" if len(CJK.findall(text)) / letters > threshold else "en"
 
 
 def model_languages(name: str) -> frozenset[str] | None:

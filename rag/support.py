@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from rag.text import HAN as _CJK
+
 __all__ = ["LABEL", "STOPWORDS", "SUPPORTED", "content_words", "labels_of", "split_sentences",
            "strip_labels", "support_score", "support_share", "text_words"]
 
@@ -33,7 +35,6 @@ STOPWORDS = frozenset(
 
 # [1], [1, 2], [1][2], 【1】 (full-width brackets, as Chinese models often write)
 LABEL = re.compile(r"[\[【]\s*(\d{1,3}(?:\s*[,，、]\s*\d{1,3})*)\s*[\]】]")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 # A sentence ends at . ! ? 。！？ (a "." only before a space, a label or the end: not in "3.5")
 # or at a line break; the labels right after its end belong to it.

@@ -30,6 +30,7 @@ import numpy as np
 from rag.embedders import one_line, unit_rows
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError, RagError
 from rag.lang import model_languages
+from rag.text import shorten as _text
 
 if TYPE_CHECKING:
     from rag.config import EmbedderSettings
@@ -47,11 +48,6 @@ KNOWN_DIMS = {
     "embed-english-light-v3.0": 384,
     "embed-v4.0": 1536,
 }
-
-
-def _text(value: object, limit: int = 300) -> str:
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class CohereApi:

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import unicodedata
 from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
+import regex
+
+from rag.text import UNSPACED, UNSPACED_CLASS
 
 __all__ = ["HashEmbedder"]
 
-# Han (with extensions and compatibility forms), kana, Hangul: scripts written without spaces.
-_CJK = (
-    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\ua960-\ua97f\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
-)
-_TOKEN = re.compile(rf"[{_CJK}]+|[^\W{_CJK}]+")
-_CJK_RUN = re.compile(rf"[{_CJK}]")
+# Runs of a script written without spaces (Han, kana, Hangul), or words.
+_TOKEN = regex.compile(rf"[{UNSPACED_CLASS}]+|[^\W{UNSPACED_CLASS}]+")
+_CJK_RUN = UNSPACED
 _WORD_WEIGHT = 1.0
 _NGRAM_WEIGHT = 0.5
 

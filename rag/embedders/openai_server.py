@@ -55,8 +55,9 @@ import numpy as np
 
 from rag.embedders import one_line, unit_rows
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError, RagError
-from rag.generators.openai_server import estimate_tokens
 from rag.lang import model_languages
+from rag.text import estimate_tokens
+from rag.text import shorten as _short
 
 if TYPE_CHECKING:
     import openai
@@ -69,11 +70,6 @@ __all__ = ["OpenAIEmbedder", "DEFAULT_BATCH_SIZE", "SPECIAL_TOKENS"]
 DEFAULT_BATCH_SIZE = 64
 #: Tokens the server adds to each text ([CLS] and [SEP], <s> and </s>), kept out of the budget.
 SPECIAL_TOKENS = 2
-
-
-def _short(value: object, limit: int = 300) -> str:
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class OpenAIEmbedder:
@@ -142,8 +138,8 @@ class OpenAIEmbedder:
 
     # -- tokens, for the chunker --------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        """:func:`rag.generators.openai_server.estimate_tokens`, an over-estimate for prose."""
-        return estimate_tokens(text)
+        """:func:`rag.text.estimate_tokens` with ``upper=True``, an over-estimate for prose."""
+        return estimate_tokens(text, upper=True)
 
     @property
     def max_text_tokens(self) -> int | None:

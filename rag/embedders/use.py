@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -11,10 +10,9 @@ import numpy as np
 
 from rag.embedders import encode_batched, one_line, usable_cpus
 from rag.errors import EmbedderError
+from rag.text import estimate_tokens
 
 __all__ = ["UniversalSentenceEncoderEmbedder"]
-
-_APPROX_TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]|\w+|[^\w\s]")
 
 
 class UniversalSentenceEncoderEmbedder:
@@ -28,8 +26,8 @@ class UniversalSentenceEncoderEmbedder:
 
     ``count_tokens`` is exact, using the package's SentencePiece tokenizer (which loads in
     under a second, without the weights); should a later version of the package stop
-    exposing it, the count falls back to an approximation: one per word, CJK character or
-    punctuation mark.
+    exposing it, the count falls back to :func:`rag.text.estimate_tokens`: one per word, CJK
+    character or punctuation mark.
 
     ``denoise=True`` replaces numbers by a placeholder before embedding, so that texts that
     differ only in quantities come out close.
@@ -101,7 +99,7 @@ class UniversalSentenceEncoderEmbedder:
     def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
         tok = self.tokenizer
         if tok is None or not hasattr(tok, "encode"):
-            return [len(_APPROX_TOKEN.findall(t)) for t in texts]
+            return [estimate_tokens(t) for t in texts]
         return [len(tok.encode(t, add_bos=False, add_eos=False)) if t.strip() else 0 for t in texts]
 
     def _handle(self) -> Any:

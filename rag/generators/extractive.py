@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from rag.prompts import UNKNOWN
 from rag.retrieval.postprocess import words
 from rag.support import STOPWORDS
+from rag.text import estimate_tokens
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
 __all__ = ["ExtractiveGenerator"]
@@ -54,8 +55,8 @@ class ExtractiveGenerator:
         return None
 
     def count_tokens(self, text: str) -> int:
-        """Words and CJK characters: there is no model tokenizer to ask."""
-        return len(re.findall(r"[\u3400-\u9fff]|[^\W_]+|[^\w\s]", text))
+        """:func:`rag.text.estimate_tokens`: there is no model tokenizer to ask."""
+        return estimate_tokens(text)
 
     def answer(self, prompt: Prompt) -> str:
         wanted = words(prompt.question) - STOPWORDS

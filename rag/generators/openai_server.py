@@ -40,8 +40,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import math
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,6 +47,8 @@ import httpx
 
 from rag.config import GeneratorSettings
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, GeneratorError
+from rag.text import estimate_tokens as _estimate
+from rag.text import shorten as _short
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
 try:
@@ -59,7 +59,6 @@ except ImportError:  # the SDK comes with the openai extra; constructing the gen
 __all__ = ["OpenAIGenerator", "estimate_tokens"]
 
 _NOT_READY = {502, 503, 504}
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
 # Parameters of chat.completions.create; what else _payload() puts in the body (vLLM's
 # sampling extensions) goes in extra_body.
 _SDK_ARGS = frozenset({"model", "messages", "stream", "stream_options", "temperature", "top_p",
@@ -67,14 +66,9 @@ _SDK_ARGS = frozenset({"model", "messages", "stream", "stream_options", "tempera
 
 
 def estimate_tokens(text: str) -> int:
-    """A tokenizer-free over-estimate: one token per CJK character, one per 3 others."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 3)
-
-
-def _short(text: object) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) < 300 else text[:297] + "..."
+    """A tokenizer-free over-estimate: one token per CJK character, one per 3 others
+    (:func:`rag.text.estimate_tokens` with ``upper=True``)."""
+    return _estimate(text, upper=True)
 
 
 class OpenAIGenerator:

@@ -32,6 +32,7 @@ from typing import Any
 
 from rag.config import GeneratorSettings
 from rag.errors import ConfigError, GeneratorError
+from rag.text import shorten
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
 __all__ = ["VllmGenerator"]
@@ -40,8 +41,7 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "
 
 
 def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) < 300 else text[:297] + "..."
+    return shorten(exc) or type(exc).__name__
 
 
 class VllmGenerator:

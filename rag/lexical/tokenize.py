@@ -30,6 +30,7 @@ from functools import lru_cache
 import tantivy
 
 from rag.lang import jieba as load_jieba
+from rag.text import HAN_RUN as _HAN_RUN
 
 __all__ = [
     "ENGLISH_TOKENIZER",
@@ -49,9 +50,6 @@ CJK_TOKENIZER = "whitespace"  # tantivy built-in; the field holds jieba output j
 # Words are runs of letters and digits; Han is excluded because jieba handles it.
 _EN_WORD = r"[\p{Alphabetic}\p{N}--\p{Han}]+"
 _MAX_TERM_BYTES = 40
-_HAN_RUN = re.compile(
-    "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ebef]+"
-)
 _SPACES = re.compile(r"\s+")
 
 

@@ -12,12 +12,12 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from rag.text import UNSPACED as _CJK
 from rag.types import Hit
 
 __all__ = ["boost_recent", "drop_near_duplicates", "words"]
 
 _WORD = re.compile(r"[^\W\d_]+|\d+", re.UNICODE)
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
 
 
 def boost_recent(hits: Sequence[Hit], half_life_days: float, weight: float,
