@@ -20,6 +20,19 @@ cached answer as the same events (``sources``, the text as one ``delta``, ``done
 ``sources`` and ``done`` events, and ``"miss"`` when it was looked up in vain. Only complete,
 non-degraded, unblocked answers are stored; ``no_cache=True`` skips the cache both ways.
 
+**Profiles and routing** (:mod:`rag.profiles`, ``docs/profiles.md``): each question is answered
+by one generator profile, chosen after retrieval and before generation: ``profile=`` when
+given (an experiment arm, a test), else with ``routing.mode`` ``rules`` the
+:class:`~rag.routing.Router`'s decision, with ``cascade`` ``routing.small`` first, else
+``default`` (the ``generator`` section: one profile, today's answers). A profile whose backend is
+down falls back to the next profile, then to the extractive answerer, flagged degraded. In the
+cascade the small profile's answer is **buffered**, not streamed: when it abstains (the "I don't
+know" sentence) or cites nothing, it is dropped and ``routing.large`` answers, streamed as usual
+(its ``sources`` event follows the first one when its context differs); else the buffered text
+is sent. Every ``done`` event (and ``sources``) carries ``versions``: the profile, model,
+quantization, prompt version, the route (``{"decision", "reason"}`` or ``None``) and the
+experiment ``arm``; the answer cache keys on them.
+
 Example::
 
     answerer = Answerer(services)
@@ -34,29 +47,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from rag import metrics as M
 from rag.admission import Admission
 from rag.attribution import Attributor
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
+from rag.config import ContextLimits
 from rag.errors import BackendError, BackendUnavailable, GeneratorError
 from rag.focus import focus_hits
 from rag.generators.extractive import ExtractiveGenerator
 from rag.injection import InjectionFilter, Screening, Verdict, refusal
 from rag.lang import detect_lang
 from rag.packing import ContextPacker, PackedContext, context_budget
-from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt
+from rag.profiles import DEFAULT, Profiles
+from rag.prompts import EXAMPLES, UNKNOWN, CitationStream, PromptExample, build_prompt, prompt_version
 from rag.retrieval import HybridRetriever
 from rag.sampling import SamplingPolicy
 from rag.types import Answer, Citation, Filters, GenerationParams, Generator, Prompt, Warmable
 
 if TYPE_CHECKING:
+    from rag.routing import Router
     from rag.services import Services
 
-__all__ = ["Answerer", "AnswerEvent"]
+__all__ = ["Answerer", "AnswerEvent", "abstained"]
 
 log = logging.getLogger(__name__)
 HEADROOM_TOKENS = 16  # chat-template tokens the count of the bare prompt may miss
@@ -81,6 +100,14 @@ class AnswerEvent:
     cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
     screening: Screening | None = None  # on ``done``: the question's verdict, passages excluded or quoted
     attribution: dict[str, int] = field(default_factory=dict)  # on ``done``: sentences labelled by inference, unsupported
+    versions: dict[str, Any] | None = None  # on sources/done: profile, model, quantization, prompt_version, route, arm
+    answer_id: str | None = None  # on ``done``: this response's answer (feedback names it); new on every answer
+
+
+def abstained(text: str) -> bool:
+    """Whether an answer is the model's "I don't know" (the template's sentence, or its opening)."""
+    folded = " ".join(text.split()).casefold().replace("’", "'")
+    return any(u.casefold() in folded for u in UNKNOWN.values()) or folded.startswith(("i don't know", "我不知道"))
 
 
 class Answerer:
@@ -94,10 +121,16 @@ class Answerer:
 
     def __init__(self, services: Services, generator: Generator | None = None,
                  retriever: HybridRetriever | None = None, injection: InjectionFilter | None = None,
-                 cache: AnswerCacheLayer | None = None, admission: Admission | None = None) -> None:
+                 cache: AnswerCacheLayer | None = None, admission: Admission | None = None, *,
+                 generators: Mapping[str, Generator] | None = None, router: Router | None = None) -> None:
         self.services = services
         self.injection = injection or InjectionFilter(services.settings.injection)
-        self.generator = generator or services.generator
+        given = dict(generators or {})
+        if generator is not None:
+            given[DEFAULT] = generator
+        self.profiles = Profiles(services, given)  # generator: the default profile's; generators: by profile
+        self.routing = services.settings.routing
+        self._router = router  # routing.mode rules: built on first use unless given
         self.retriever = retriever or HybridRetriever.from_services(services)
         self.policy = SamplingPolicy(services.settings.sampling)
         self.fallback = ExtractiveGenerator()
@@ -105,32 +138,51 @@ class Answerer:
         self.examples = list(EXAMPLES) if configured is None else [
             PromptExample(e.question, e.context, e.answer, e.lang) for e in configured]
         self.system = dict(services.settings.prompt.system)
-        self._started = False
-        self._start_lock = asyncio.Lock()
+        self.prompt_version = prompt_version(self.examples, self.system)  # type: ignore[arg-type]
         self.cache = cache if cache is not None else make_answer_cache(services, salt=self.generator.name)
         self.admission = admission  # bounds the answers generated at once (the server sets it)
 
+    @property
+    def generator(self) -> Generator:
+        """The default profile's generator (the ``generator`` section, or the one given)."""
+        return self.profiles.generator(DEFAULT)
+
+    @property
+    def router(self) -> Router:
+        if self._router is None:
+            from rag.routing import Router
+
+            self._router = Router(self.routing)
+        return self._router
+
     async def start(self) -> None:
-        """Load the model or check the server; raises its one-line error."""
-        async with self._start_lock:
-            if not self._started:
-                await self.generator.start()
-                self._started = True
+        """Load the default profile's model or check its server; raises its one-line error."""
+        await self.profiles.start(DEFAULT)
 
     async def warm(self) -> None:
-        """Start the generator and have it read both languages' system messages (rules and
-        examples) now, when it can keep them (:class:`rag.types.Warmable`): a long-running
-        service calls this at start, so its first questions read only their own text."""
-        await self.start()
-        if isinstance(self.generator, Warmable):
-            for lang in ("zh", "en"):
-                await self.generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
-                                                       instructions=self.system))  # type: ignore[arg-type]
+        """Start the default profile's generator and have it read both languages' system
+        messages (rules and examples) now, when it can keep them (:class:`rag.types.Warmable`):
+        a long-running service calls this at start, so its first questions read only their own
+        text. With routing on, the small and large profiles are started too (a failure there is
+        logged and reported by ``/ready``; their answers fall back)."""
+        names = [DEFAULT]
+        if self.routing.mode != "off":
+            names += [n for n in (self.routing.large, self.routing.small) if n not in names]
+        for name in names:
+            try:
+                generator = await self.profiles.start(name)
+            except (BackendError, GeneratorError) as exc:
+                if name == DEFAULT:
+                    raise
+                log.warning("profile %s unavailable at start-up: %s", name, exc)
+                continue
+            if isinstance(generator, Warmable):
+                for lang in ("zh", "en"):
+                    await generator.warm(build_prompt("", _EMPTY, lang=lang, examples=self.examples,
+                                                      instructions=self.system))  # type: ignore[arg-type]
 
     async def close(self) -> None:
-        if self._started:
-            await self.generator.close()
-            self._started = False
+        await self.profiles.close()
 
     async def ask(self, question: str, **kwargs: Any) -> Answer:
         parts: list[str] = []
@@ -141,16 +193,22 @@ class Answerer:
                 raise GeneratorError(event.error or "generation failed")
             elif event.kind == "done":
                 return Answer("".join(parts).strip(), event.citations, event.degraded, event.cache or "miss",
-                              event.timings)
+                              event.timings, dict(event.versions or {}))
         raise GeneratorError("the answer stream ended without a result")
 
     async def stream(self, question: str, *, history: Sequence[Mapping[str, str]] = (),
                      filters: Filters | None = None, top_k: int | None = None,
-                     overrides: Mapping[str, Any] | None = None, no_cache: bool = False) -> AsyncIterator[AnswerEvent]:
+                     overrides: Mapping[str, Any] | None = None, no_cache: bool = False,
+                     profile: str | None = None, arm: str | None = None) -> AsyncIterator[AnswerEvent]:
         """The answer's events, from the answer cache when it has them (see the module docstring).
-        A question the injection filter blocks never reaches the cache."""
+        A question the injection filter blocks never reaches the cache. ``profile`` forces a
+        generator profile (no routing; an unknown one is a ``RequestError``); ``arm`` (an
+        experiment's) is recorded in the answer's versions and keys the cache."""
         started = time.perf_counter()
+        if profile is not None:
+            self.profiles.check(profile)
         args: dict[str, Any] = {"history": history, "filters": filters, "top_k": top_k, "overrides": overrides}
+        key = {**args, "variant": self._variant(profile, arm)}
         cache = None if no_cache else self.cache
         verdict = self.injection.check_question(question)  # screened (and counted) once, here
         if verdict.blocked:
@@ -160,9 +218,9 @@ class Answerer:
             try:
                 # The exact lookup of a memory cache costs less than a thread hop: on the loop.
                 if cache.inline:
-                    lookup = cache.lookup_exact(question, **args)
+                    lookup = cache.lookup_exact(question, **key)
                 else:
-                    lookup = await asyncio.to_thread(cache.lookup_exact, question, **args)
+                    lookup = await asyncio.to_thread(cache.lookup_exact, question, **key)
                 if lookup.kind == "miss":
                     lookup = await asyncio.to_thread(cache.lookup_semantic, lookup)
             except BackendUnavailable as exc:  # the store said so once; a cache that is down is a miss
@@ -179,7 +237,7 @@ class Answerer:
             # Its sources gained chunks since it was stored: serve it only if the context is
             # still the same passages. The answer's own retrieval and packing decide, and on a
             # difference they go on to generate.
-            events = self._answer(question, verdict=verdict, query_vector=vector, **args)
+            events = self._answer(question, verdict=verdict, query_vector=vector, profile=profile, arm=arm, **args)
             first = await events.__anext__()
             if first.kind == "sources" and await self._recheck(cache, lookup, first.citations):  # type: ignore[arg-type]
                 await events.aclose()  # type: ignore[attr-defined]
@@ -188,11 +246,13 @@ class Answerer:
                 return
             events = _prepend(first, events)
         if events is None:
-            events = self._answer(question, verdict=verdict, query_vector=vector, **args)
+            events = self._answer(question, verdict=verdict, query_vector=vector, profile=profile, arm=arm, **args)
         parts: list[str] = []
         sources: tuple[Citation, ...] = ()
         try:
             async for event in events:
+                if event.kind == "done":
+                    event.answer_id = _answer_id()
                 if lookup is not None and event.kind in ("sources", "done"):
                     event.cache = "miss"
                 if event.kind == "sources":
@@ -203,7 +263,8 @@ class Answerer:
                     event.timings = _with_lookup(event.timings, lookup)
                     if _cacheable(event, parts):
                         await self._store(cache, lookup, CachedAnswer(  # type: ignore[arg-type]
-                            "".join(parts), sources, event.citations, event.finish_reason or "stop", dict(event.usage)))
+                            "".join(parts), sources, event.citations, event.finish_reason or "stop", dict(event.usage),
+                            versions=dict(event.versions or {})))
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]
@@ -231,16 +292,67 @@ class Answerer:
             async for event in self._generate(question, **kwargs):
                 yield event
 
+    def _variant(self, profile: str | None, arm: str | None) -> str:
+        """What decides an answer besides its question and scope, for the cache key: the profile
+        (or how it is chosen: under ``rules`` the decision follows from the question and its
+        retrieval, which the key and the recheck already cover), the prompt version and the arm."""
+        mode = self.routing.mode
+        if profile is not None:
+            how = f"profile={profile}"
+        elif mode == "rules":
+            how = "route=rules"
+        elif mode == "cascade":
+            how = f"cascade={self.routing.small}>{self.routing.large}"
+        else:
+            how = f"profile={DEFAULT}"
+        return f"{how}|prompt={self.prompt_version}|arm={arm or ''}"
+
+    def _versions(self, answering: str | None, generator: Generator | None, route: dict[str, str] | None,
+                  arm: str | None) -> dict[str, Any]:
+        if answering is None:  # refused before any generator
+            model: dict[str, str | None] = {"model": None, "quantization": None}
+        elif answering == "extractive":
+            model = {"model": "extractive", "quantization": None}
+        else:
+            model = self.profiles.describe(answering, generator)
+        return {"profile": answering, **model, "prompt_version": self.prompt_version, "route": route, "arm": arm}
+
+    def _choose(self, question: str, profile: str | None, arm: str | None, retrieval: Any, hits: list,
+                turn: int) -> tuple[str, dict[str, str] | None]:
+        """The profile that answers and the route that chose it (``None`` when nothing was routed)."""
+        if profile is not None:
+            M.ROUTER_DECISIONS.labels(profile, "experiment" if arm else "forced").inc()
+            return profile, None
+        mode = self.routing.mode
+        if mode == "off":
+            M.ROUTER_DECISIONS.labels(DEFAULT, "routing off").inc()
+            return DEFAULT, None
+        if mode == "cascade":
+            small = self.routing.small
+            M.ROUTER_DECISIONS.labels(small, "cascade: first").inc()
+            return small, {"decision": small, "reason": f"cascade: {small} first"}
+        from rag.routing import route_signals
+
+        limits = self.profiles.context_limits(self.routing.large)
+        packed = min(len(hits), limits.chunks) if limits.chunks else len(hits)
+        signals = route_signals(question, lang=detect_lang(question), hits=hits,
+                                legs=getattr(retrieval, "legs", None), packed_chunks=packed, turn=turn)
+        decision = self.router.decide(signals)
+        name = self.profiles.check(decision.profile)
+        M.ROUTER_DECISIONS.labels(name, _reason_label(decision.reason)).inc()
+        return name, {"decision": name, "reason": decision.reason}
+
     async def _generate(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
                         filters: Filters | None = None, top_k: int | None = None,
-                        overrides: Mapping[str, Any] | None = None,
-                        query_vector: Any = None) -> AsyncIterator[AnswerEvent]:
+                        overrides: Mapping[str, Any] | None = None, query_vector: Any = None,
+                        profile: str | None = None, arm: str | None = None) -> AsyncIterator[AnswerEvent]:
         started = time.perf_counter()
         if verdict.blocked:  # refused before retrieval: nothing of it reaches the model
             yield AnswerEvent("sources")
             yield AnswerEvent("delta", text=refusal(question))
             yield AnswerEvent("done", finish_reason="content_filter", screening=Screening(verdict),
-                              timings={"total_ms": round((time.perf_counter() - started) * 1000, 2)})
+                              timings={"total_ms": round((time.perf_counter() - started) * 1000, 2)},
+                              versions=self._versions(None, None, None, arm))
             return
         history, dropped = self.injection.screen_history(history)
         k = top_k or self.services.settings.retrieval.top_k
@@ -256,31 +368,118 @@ class Answerer:
         timings = dict(retrieval.timings)
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         screening = replace(screening, question=verdict, history_dropped=dropped)
-
-        generator: Generator = self.generator
-        warnings = list(retrieval.degraded)
-        fallback = False
+        run = _Run(started, timings, list(retrieval.degraded), screening, question, hits, history, params, arm)
+        name, route = self._choose(question, profile, arm, retrieval, hits, turn)
+        if profile is None and self.routing.mode == "cascade":
+            events = self._cascade(run, route)
+        else:
+            events = self._attempt(run, name, route)
         try:
-            await self.start()
-        except (BackendError, GeneratorError) as exc:
-            if not self.services.settings.generator.fallback:
-                raise
-            log.warning("generator %s unavailable, answering extractively: %s", generator.name, exc)
-            warnings.append(f"generator {generator.name} unavailable, answered extractively: {exc}")
-            generator, fallback = self.fallback, True
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
-        def state() -> dict[str, Any]:
-            return {"degraded": bool(warnings), "warnings": tuple(warnings), "fallback": fallback}
+    async def _cascade(self, run: _Run, route: dict[str, str] | None) -> AsyncIterator[AnswerEvent]:
+        """``routing.small`` first, buffered; ``routing.large`` when its answer abstains, cites
+        nothing or fails (see the module docstring)."""
+        small, large = self.routing.small, self.routing.large
+        sources: tuple[Citation, ...] | None = None
+        buffered: list[AnswerEvent] = []
+        attempt = self._attempt(run, small, route)
+        try:
+            async for event in attempt:
+                if event.kind == "sources":
+                    sources = event.citations
+                    yield event
+                else:
+                    buffered.append(event)
+        finally:
+            await attempt.aclose()  # type: ignore[attr-defined]
+        last = buffered[-1] if buffered else None
+        text = "".join(e.text for e in buffered if e.kind == "delta")
+        why = None
+        if last is None or last.kind == "error":
+            why = "failed"
+        elif abstained(text):
+            why = "abstained"
+        elif not last.citations:
+            why = "cited nothing"
+        answered = (last.versions or {}).get("profile") if last is not None else None
+        if why is None or answered == large:
+            released = round((time.perf_counter() - run.started) * 1000, 2)  # the text reaches the client now
+            for event in buffered:
+                if event.kind == "done":
+                    event.timings = {**event.timings, "ttft_ms": released}
+                yield event
+            return
+        small_ms = round((time.perf_counter() - run.started) * 1000, 2)
+        M.ROUTER_DECISIONS.labels(large, f"cascade: {why}").inc()
+        escalated = {"decision": large, "reason": f"cascade: the {small} answer {why}; escalated to {large}"}
+        attempt = self._attempt(run, large, escalated, previous=sources)
+        try:
+            async for event in attempt:
+                if event.kind in ("done", "error"):
+                    event.timings = {**event.timings, "cascade_small_ms": small_ms}
+                yield event
+        finally:
+            await attempt.aclose()  # type: ignore[attr-defined]
 
-        packed, prompt = await asyncio.to_thread(self._prompt, generator, question, hits, history, params)
-        timings["pack_ms"] = (time.perf_counter() - started) * 1000 - timings["retrieve_ms"]
-        yield AnswerEvent("sources", citations=tuple(packed.citations.values()), **state())
+    async def _start_from(self, chain: Sequence[str], pos: int, failures: list[tuple[str, str, str, Exception]],
+                          allow: bool, verb: str = "unavailable") -> tuple[Generator, str, int]:
+        """The first profile of ``chain`` from ``pos`` whose generator starts, else the extractive
+        answerer (``allow``: the asked profile's ``fallback``; without it the error is raised)."""
+        for i in range(pos, len(chain)):
+            name = chain[i]
+            try:
+                return await self.profiles.start(name), name, i
+            except (BackendError, GeneratorError) as exc:
+                if not allow:
+                    raise
+                failures.append((name, self._generator_name(name), verb, exc))
+        return self.fallback, "extractive", len(chain)
+
+    def _generator_name(self, name: str) -> str:
+        try:
+            return self.profiles.generator(name).name
+        except Exception:  # noqa: BLE001 - only for the warning's words
+            return name
+
+    @staticmethod
+    def _warn(run: _Run, failures: list[tuple[str, str, str, Exception]], answering: str) -> None:
+        how = "extractively" if answering == "extractive" else f"with profile {answering}"
+        for name, generator, verb, exc in failures:
+            who = generator if name == DEFAULT else f"{generator} (profile {name})"
+            log.warning("generator %s %s, answering %s: %s", who, verb, how, exc)
+            run.warnings.append(f"generator {who} {verb}, answered {how}: {exc}")
+            run.fallback = True
+
+    def _limits(self, answering: str, asked: str) -> ContextLimits:
+        return self.profiles.context_limits(asked if answering == "extractive" else answering)
+
+    async def _attempt(self, run: _Run, name: str, route: dict[str, str] | None, *,
+                       previous: tuple[Citation, ...] | None = None) -> AsyncIterator[AnswerEvent]:
+        """Answer with profile ``name`` (falling back along :meth:`Profiles.chain`): ``sources``
+        (unless ``previous`` already listed the same passages), deltas, then ``done`` or ``error``."""
+        chain = self.profiles.chain(name)
+        allow = self.profiles.fallback_allowed(name)
+        timings = dict(run.timings)
+        failures: list[tuple[str, str, str, Exception]] = []
+        generator, answering, pos = await self._start_from(chain, 0, failures, allow)
+        self._warn(run, failures, answering)
+        args = (run.question, run.hits, run.history, run.params)
+        packed, prompt = await asyncio.to_thread(self._prompt, generator, *args, self._limits(answering, name))
+        timings["pack_ms"] = (time.perf_counter() - run.started) * 1000 - timings["retrieve_ms"]
+        versions = self._versions(answering, generator, route, run.arm)
+        context = tuple(packed.citations.values())
+        if previous is None or [c.chunk_id for c in previous] != [c.chunk_id for c in context]:
+            yield AnswerEvent("sources", citations=context, versions=versions, **run.state())
 
         cites, infer = CitationStream(packed.citations), self._attributor(packed)
         gen_started = time.perf_counter()
         first = True
         final = None
-        stream = generator.stream(prompt, params)
+        stream = generator.stream(prompt, run.params)
         try:
             while True:
                 try:
@@ -288,20 +487,22 @@ class Answerer:
                 except StopAsyncIteration:
                     break
                 except (BackendError, GeneratorError) as exc:
-                    if not first or fallback or not self.services.settings.generator.fallback:
-                        yield AnswerEvent("error", error=str(exc), timings=_finish(timings, started, gen_started),
-                                          **state())
+                    if not first or answering == "extractive" or not allow:
+                        M.PROFILE_REQUESTS.labels(answering, "error").inc()
+                        yield AnswerEvent("error", error=str(exc), timings=_finish(timings, run.started, gen_started),
+                                          versions=versions, **run.state())
                         return
-                    log.warning("generator %s failed before its first token, answering extractively: %s",
-                                generator.name, exc)
-                    warnings.append(f"generator {generator.name} failed, answered extractively: {exc}")
-                    generator, fallback = self.fallback, True
-                    packed, prompt = self._prompt(generator, question, hits, history, params)
+                    failed: list[tuple[str, str, str, Exception]] = [(answering, generator.name, "failed", exc)]
+                    self.profiles.mark_down(answering, exc)
+                    generator, answering, pos = await self._start_from(chain, pos + 1, failed, allow, "failed")
+                    self._warn(run, failed, answering)
+                    packed, prompt = self._prompt(generator, *args, self._limits(answering, name))
                     cites, infer = CitationStream(packed.citations), self._attributor(packed)
-                    stream = generator.stream(prompt, params)
+                    versions = self._versions(answering, generator, route, run.arm)
+                    stream = generator.stream(prompt, run.params)
                     continue
                 if first and delta.text:
-                    timings["ttft_ms"] = (time.perf_counter() - started) * 1000
+                    timings["ttft_ms"] = (time.perf_counter() - run.started) * 1000
                     first = False
                 if delta.text:
                     text = cites.feed(delta.text)
@@ -320,10 +521,11 @@ class Answerer:
             yield AnswerEvent("delta", text=tail)
         usage = {"prompt_tokens": (final.prompt_tokens if final else None) or 0,
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
+        _observe(answering, timings, usage)
         yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
-                          timings=_finish(timings, started, gen_started), screening=screening, **state(),
-                          attribution=_counts(infer))
+                          timings=_finish(timings, run.started, gen_started), screening=run.screening, **run.state(),
+                          attribution=_counts(infer), versions=versions)
 
     def _attributor(self, packed: PackedContext) -> Attributor | None:
         """Labels for the sentences the model leaves unlabelled (``citations.infer``)."""
@@ -334,10 +536,10 @@ class Answerer:
                           skip=UNKNOWN.values())
 
     def _prompt(self, generator: Generator, question: str, hits: list, history: Sequence[Mapping[str, str]],
-                params: GenerationParams) -> tuple[PackedContext, Prompt]:
-        """Pack the hits into what is left of the model's window, then build the prompt. The
-        examples go when they would leave the context less than ``EXAMPLE_ROOM`` tokens."""
-        limits = self.services.settings.context_limits
+                params: GenerationParams, limits: ContextLimits) -> tuple[PackedContext, Prompt]:
+        """Pack the hits into what is left of the model's window (within the profile's ``limits``),
+        then build the prompt. The examples go when they would leave the context less than
+        ``EXAMPLE_ROOM`` tokens."""
         examples: Sequence[PromptExample] = self.examples
         while True:
             bare = build_prompt(question, _EMPTY, lang=detect_lang(question), history=history,
@@ -353,6 +555,42 @@ class Answerer:
         packed = ContextPacker(generator.count_tokens, budget, max_chunks=limits.chunks).pack(hits)
         prompt = build_prompt(question, packed, history=history, examples=examples, instructions=self.system)  # type: ignore[arg-type]
         return packed, prompt
+
+
+@dataclass(slots=True)
+class _Run:
+    """One question's state across its generation attempts (fallbacks, the cascade's two)."""
+
+    started: float
+    timings: dict[str, float]
+    warnings: list[str]
+    screening: Screening
+    question: str
+    hits: list
+    history: Sequence[Mapping[str, str]]
+    params: GenerationParams
+    arm: str | None
+    fallback: bool = False  # a profile was down: another one (or the extractive answerer) answered
+
+    def state(self) -> dict[str, Any]:
+        return {"degraded": bool(self.warnings), "warnings": tuple(self.warnings), "fallback": self.fallback}
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _reason_label(reason: str) -> str:
+    """A router reason as a metric label: its words before any parenthesis, numbers as N (bounded)."""
+    return _NUMBER.sub("N", reason.split(" (")[0])[:80]
+
+
+def _observe(profile: str, timings: Mapping[str, float], usage: Mapping[str, int]) -> None:
+    M.PROFILE_REQUESTS.labels(profile, "ok").inc()
+    if "ttft_ms" in timings:
+        M.PROFILE_TTFT.labels(profile).observe(timings["ttft_ms"] / 1000)
+    for kind in ("prompt", "completion"):
+        if usage.get(f"{kind}_tokens"):
+            M.PROFILE_TOKENS.labels(profile, kind).inc(usage[f"{kind}_tokens"])
 
 
 def _with_inferred(cited: Sequence[Citation], infer: Attributor | None,
@@ -382,15 +620,21 @@ async def _prepend(first: AnswerEvent, rest: AsyncIterator[AnswerEvent]) -> Asyn
 
 
 def _replay(lookup: Lookup, started: float) -> list[AnswerEvent]:
-    """A cached answer as the events of a generated one."""
+    """A cached answer as the events of a generated one, with the versions it was made with."""
     answer = lookup.answer
     assert answer is not None
     timings = {**lookup.timings, "total_ms": (time.perf_counter() - started) * 1000}
-    return [AnswerEvent("sources", citations=answer.sources, cache=lookup.kind),
+    versions = dict(answer.versions) or None
+    M.PROFILE_REQUESTS.labels(str((versions or {}).get("profile")), "cached").inc()
+    return [AnswerEvent("sources", citations=answer.sources, cache=lookup.kind, versions=versions),
             AnswerEvent("delta", text=answer.text),
             AnswerEvent("done", citations=answer.citations, finish_reason=answer.finish_reason,
                         usage=dict(answer.usage), timings={k: round(v, 2) for k, v in timings.items()},
-                        cache=lookup.kind)]
+                        cache=lookup.kind, versions=versions, answer_id=_answer_id())]
+
+
+def _answer_id() -> str:
+    return f"ans-{uuid.uuid4().hex}"
 
 
 def _with_lookup(timings: dict[str, float], lookup: Lookup) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """The question-and-answer log: one JSON line per answer, rotated by size, secrets redacted.
 
 Each line holds the time, route, caller's key id, question, answer, cited sources, finish
-reason, timings, token usage, the ``degraded`` flag and what injection screening did (the
-question's verdict and rules, passages excluded or quoted). An answer that failed has
+reason, timings, token usage, the ``degraded`` flag, what injection screening did (the
+question's verdict and rules, passages excluded or quoted), the answer's ``versions`` (profile,
+model, quantization, prompt version, route, experiment arm) and its ``answer_id``. An answer that failed has
 ``error``; one whose client left before the end is logged as ``cancelled`` with the text so
 far. Request headers are never logged.
 
@@ -184,7 +185,7 @@ def entry(route: str, question: str, answer: str, event: AnswerEvent | None, *,
     screening = event.screening
     record.update(
         finish_reason=event.finish_reason, degraded=event.degraded, cache=event.cache, timings=event.timings,
-        usage=event.usage,
+        usage=event.usage, versions=event.versions, answer_id=event.answer_id,
         citations=[{"label": c.label, "doc_id": c.doc_id, "chunk_id": c.chunk_id, "url": c.url}
                    for c in event.citations])
     if event.error:

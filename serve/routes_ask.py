@@ -61,7 +61,8 @@ def _response(text: str, done: AnswerEvent, conversation_id: str) -> AskResponse
                        conversation_id=conversation_id, timings=done.timings, cache=done.cache or "miss",
                        degraded=done.degraded, warnings=list(done.warnings), finish_reason=done.finish_reason,
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
-                                   total_tokens=prompt + completion))
+                                   total_tokens=prompt + completion),
+                       answer_id=done.answer_id, versions=done.versions)
 
 
 def _out(event: str, data: Any) -> Out:
@@ -80,7 +81,7 @@ class AskRenderer:
             if event.kind == "sources":
                 yield _out("sources", {"citations": [CitationOut.of(c).model_dump(mode="json") for c in event.citations],
                                        "degraded": event.degraded, "warnings": list(event.warnings),
-                                       "conversation_id": self.conversation_id})
+                                       "conversation_id": self.conversation_id, "versions": event.versions})
             elif event.kind == "delta":
                 parts.append(event.text)
                 yield _out("delta", {"text": event.text})

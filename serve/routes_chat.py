@@ -14,6 +14,12 @@ chunk) says whether the answer came from the answer cache: ``hit``, ``semantic``
 comes from what was left, and says so: the header ``X-Degraded`` (the reasons) on a
 non-streamed answer, ``delta.degraded`` and ``delta.warnings`` on the last streamed chunk.
 
+**Versions**: ``ragqa`` (an extension: on a completion, and on the streamed chunk with
+``finish_reason``) holds the answer's versions (profile, model, quantization, prompt_version,
+route, arm) and its ``answer_id``. With generator profiles configured, ``model`` is the model id
+of the profile that answers (a cascade that escalates changes it on the later chunks); a
+deployment with the one ``generator`` echoes the request's ``model``.
+
 **Resume**: re-send the same request with the header ``Last-Event-ID: <stream_id>:<n>``,
 where ``<n>`` is the number of events already received (``stream_id`` is the completion id
 without ``chatcmpl-``, or the ``X-Stream-Id`` response header). With OpenAI's client::
@@ -95,25 +101,48 @@ def _citations(event: AnswerEvent) -> list[dict[str, Any]]:
     return [CitationOut.of(c).model_dump(mode="json") for c in event.citations]
 
 
+def _ragqa(event: AnswerEvent) -> dict[str, Any]:
+    """The extension field: the answer's versions and id."""
+    return {**(event.versions or {}), "answer_id": event.answer_id}
+
+
+def _model(asked: str, event: AnswerEvent, profiles: bool) -> str:
+    """With profiles, the answering profile's model id; else the request's model, echoed."""
+    model = (event.versions or {}).get("model") if profiles else None
+    return str(model) if model else asked
+
+
 class ChunkRenderer:
     """Turns answer events into ``chat.completion.chunk`` SSE data lines."""
 
-    def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, completion_id: str, model: str, include_usage: bool, profiles: bool = False) -> None:
         self.id, self.model, self.include_usage = completion_id, model, include_usage
+        self.asked, self.profiles = model, profiles
         self.created = int(time.time())
         self.cache = "miss"
+        self.started = False
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> Out:
-        return Out(json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                               "model": self.model, "choices": choices, "usage": usage},
-                              ensure_ascii=False, separators=(",", ":")))
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None,
+               ragqa: dict[str, Any] | None = None) -> Out:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": choices, "usage": usage}
+        if ragqa is not None:
+            body["ragqa"] = ragqa
+        return Out(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
-    def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> Out:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}])
+    def _delta(self, delta: dict[str, Any], finish_reason: str | None = None,
+               ragqa: dict[str, Any] | None = None) -> Out:
+        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+                           ragqa=ragqa)
 
     async def events(self, answer: AsyncIterator[AnswerEvent]) -> AsyncIterator[Out]:
         async for event in answer:
+            if event.kind in ("sources", "done"):
+                self.model = _model(self.asked, event, self.profiles)
             if event.kind == "sources":
+                if self.started:  # a cascade's second context: the client has its role already
+                    continue
+                self.started = True
                 self.cache = event.cache or "miss"
                 yield self._delta({"role": "assistant", "content": ""})
             elif event.kind == "delta":
@@ -121,7 +150,7 @@ class ChunkRenderer:
             elif event.kind == "done":
                 extra = {"degraded": True, "warnings": list(event.warnings)} if event.degraded else {}
                 yield self._delta({"citations": _citations(event), "cache": event.cache or "miss", **extra},
-                                  event.finish_reason or "stop")
+                                  event.finish_reason or "stop", ragqa=_ragqa(event))
                 if self.include_usage:
                     yield self._chunk([], _usage(event))
                 yield Out("[DONE]")
@@ -156,13 +185,14 @@ async def chat_completions(
         if result.done.degraded:
             response.headers["X-Degraded"] = "; ".join(result.done.warnings)[:1000] or "degraded"
         return ChatCompletion(
-            id="chatcmpl-" + state.streams.new_id(), created=int(time.time()), model=body.model,
+            id="chatcmpl-" + state.streams.new_id(), created=int(time.time()),
+            model=_model(body.model, result.done, bool(state.settings.profiles)),
             choices=[Choice(message=AssistantMessage(content=result.text, citations=[
                 CitationOut.of(c) for c in result.done.citations]), finish_reason=result.done.finish_reason)],
-            usage=Usage(**_usage(result.done)))
+            usage=Usage(**_usage(result.done)), ragqa=_ragqa(result.done))
     stream_id = state.streams.new_id()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = ChunkRenderer(f"chatcmpl-{stream_id}", body.model, include_usage)
+    renderer = ChunkRenderer(f"chatcmpl-{stream_id}", body.model, include_usage, bool(state.settings.profiles))
     await state.streams.start(counted(renderer.events(answer)), renderer.error, kind="chat",
                               owner=caller.key_id, stream_id=stream_id)
     sse = sse_response(state, stream_id, 0, ping=False)

@@ -3,7 +3,10 @@
 ``/ready`` is 200 when the indexes answer and the generator is up (``status: ready``), or
 when one index is unavailable (answers come from the other, flagged degraded) or the generator
 is down with the extractive fallback on (``status: degraded``); 503 when both indexes are
-unavailable, or the generator is down without a fallback.
+unavailable, or the generator is down without a fallback. Each other generator profile
+(``profiles.*``) that has been started or tried is a ``profile:<name>`` backend, ``ready`` or
+``down`` as its last start or answer found it; one that is down makes the status ``degraded``
+(its answers fall back to the next profile, then extractive).
 """
 
 from __future__ import annotations
@@ -53,15 +56,21 @@ async def ready(state: State) -> Any:
     gen = state.generator
     generator = BackendState(state="ready" if gen.state == "ready" else "down",
                              backend=state.answerer.generator.name, detail=gen.detail)
+    profiles = {f"profile:{name}": BackendState(state="ready" if up == "ready" else "down",
+                                                 backend=state.answerer.profiles.describe(name)["model"] or name,
+                                                 detail=detail)
+                for name, (up, detail) in sorted(state.answerer.profiles.health().items()) if name != "default"}
     fallback = state.settings.generator.fallback
     indexes = (lexical.state, vector.state)
     if indexes == ("unavailable", "unavailable") or (generator.state == "down" and not fallback):
         status = "unavailable"
-    elif "unavailable" in indexes or generator.state == "down":  # answers come from what is left
+    elif "unavailable" in indexes or generator.state == "down" or any(
+            p.state == "down" for p in profiles.values()):  # answers come from what is left
         status = "degraded"
     else:
         status = "ready"
-    body = ReadyResponse(status=status, backends={"lexical": lexical, "vector": vector, "generator": generator})
+    body = ReadyResponse(status=status, backends={"lexical": lexical, "vector": vector, "generator": generator,
+                                                  **profiles})
     return JSONResponse(body.model_dump(mode="json"), status_code=503 if status == "unavailable" else 200)
 
 

@@ -203,10 +203,14 @@ class ChatCompletion(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
-    model: str
+    model: str = Field(description="The generator profile's model id when the deployment has profiles; else the "
+                       "request's model, echoed.")
     choices: list[Choice]
     usage: Usage
     system_fingerprint: str | None = None
+    ragqa: dict[str, Any] | None = Field(default=None, description=(
+        "Extension: the answer's versions (profile, model, quantization, prompt_version, route, arm) and its "
+        "answer_id (POST /v1/feedback names it)."))
 
 
 class Delta(BaseModel):
@@ -233,6 +237,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    ragqa: dict[str, Any] | None = Field(default=None, description=(
+        "Extension, on the chunk with finish_reason: the answer's versions and answer_id, as on a completion."))
 
 
 class ModelCard(BaseModel):
@@ -272,6 +278,10 @@ class AskResponse(BaseModel):
     warnings: list[str] = Field(default_factory=list, description="What was missing from this answer, in words.")
     finish_reason: str | None = None
     usage: Usage
+    answer_id: str | None = Field(default=None, description="This answer's id (POST /v1/feedback names it).")
+    versions: dict[str, Any] | None = Field(default=None, description="The answer's provenance: profile (the generator profile that wrote it; extractive for the "
+        "last fallback), model, quantization, prompt_version, route ({decision, reason} when routing chose the "
+        "profile, else null) and arm (an experiment's, else null).")
 
 
 # -- operations and admin ------------------------------------------------------------------
