@@ -1,6 +1,6 @@
 """Scale-out on loopback: two ``ragqa serve --workers 2`` instances, each with a data directory
-of its own, on one Elasticsearch, one Milvus server, one shared ingestion state and one Redis,
-with the ingest run by a third process. A client spreads its requests over both instances:
+of its own, on one Elasticsearch, one Milvus server, one PostgreSQL (the ingestion state) and
+one Redis, with the ingest run by a third process. A client spreads its requests over both instances:
 
 - every answer cites the same sources whichever instance (and worker) answers it;
 - a ``/v1/ask`` conversation started on one instance continues on the other;
@@ -11,10 +11,10 @@ with the ingest run by a third process. A client spreads its requests over both 
 - stopping one instance loses no conversation and no finished stream.
 
 The services come from ``scripts/test.sh`` (``RAG_TEST_ES_URL``, ``RAG_TEST_MILVUS_URI``,
-``RAG_TEST_REDIS_URL``); a test without one skips with the reason. The ingestion state is
-PostgreSQL (``RAG_TEST_POSTGRES_URL``) where the settings have ``state.url``; without it the
-three processes share one SQLite file, linked into each data directory (a stand-in: one
-machine only).
+``RAG_TEST_POSTGRES_URL``, ``RAG_TEST_REDIS_URL``); without one the tests skip with the reason.
+The state lives in a fresh PostgreSQL schema, the indexes in an Elasticsearch index and a
+Milvus collection named for the run, the Redis keys under the run's prefixes; all are dropped
+at the end.
 
 The generator is an OpenAI-compatible server in this process, on loopback, in place of the
 shared vLLM server of a real deployment (a real model answers in seconds per question on two
@@ -29,6 +29,7 @@ The servers start once for the module (about 10-20 s on two cores); the last tes
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -51,17 +52,18 @@ import yaml
 
 from serve.auth import hash_key, new_key
 from tests.corpus import OLD, doc_text, question, write_folder
+from tests.fixtures.postgres import POSTGRES_URL, fresh_schema
 from tests.live import sse_events
 
 ES_URL = os.environ.get("RAG_TEST_ES_URL")
 MILVUS_URI = os.environ.get("RAG_TEST_MILVUS_URI")
 REDIS_URL = os.environ.get("RAG_TEST_REDIS_URL")
-POSTGRES_URL = os.environ.get("RAG_TEST_POSTGRES_URL")
 _MISSING = [name for name, value in (("RAG_TEST_ES_URL", ES_URL), ("RAG_TEST_MILVUS_URI", MILVUS_URI),
-                                     ("RAG_TEST_REDIS_URL", REDIS_URL)) if not value]
+                                     ("RAG_TEST_POSTGRES_URL", POSTGRES_URL), ("RAG_TEST_REDIS_URL", REDIS_URL))
+            if not value]
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} not set (scripts/test.sh starts "
-                                 "Elasticsearch, Milvus and Redis and sets them)")]
+                                 "Elasticsearch, Milvus, PostgreSQL and Redis and sets them)")]
 
 PORTS = (8731, 8732)
 NOTES = range(12)
@@ -155,9 +157,10 @@ def _model_handler(model: ChatModel) -> type[BaseHTTPRequestHandler]:
 KEYS = {name: new_key() for name in ("admin", "app", "other", "metered")}
 
 
-def _config(base: Path, run: str, model_url: str, notes: Path) -> dict[str, Any]:
+def _config(run: str, state_url: str, model_url: str, notes: Path) -> dict[str, Any]:
     """The one settings file of the three processes (each has its own RAG_DATA_DIR)."""
-    config: dict[str, Any] = {
+    return {
+        "state": {"url": state_url},
         "embedder": {"backend": "hash", "dim": 256, "progress": False},
         "lexical": {"backend": "elasticsearch", "url": ES_URL, "index": f"ragqa-scaleout-{run}"},
         "vector": {"backend": "milvus", "uri": MILVUS_URI, "collection": f"ragqa_scaleout_{run}", "cache": False},
@@ -175,19 +178,12 @@ def _config(base: Path, run: str, model_url: str, notes: Path) -> dict[str, Any]
                       {"id": f"metered-{run}", "hash": hash_key(KEYS["metered"]), "rate_limit_per_minute": LIMIT}]},
         "sources": [{"name": SOURCE, "kind": "folder", "location": str(notes), "lang": "en"}],
     }
-    if POSTGRES_URL:
-        config["state"] = {"url": POSTGRES_URL}
-    return config
 
 
 def _data_dir(base: Path, name: str) -> Path:
-    """A data directory of its own. Without a shared state database (``state.url``), its
-    ``state.db`` links to one SQLite file that the three processes share: a stand-in for
-    PostgreSQL that works on one machine only."""
+    """A data directory of its own: nothing is shared through it."""
     data = base / name
     data.mkdir()
-    if not POSTGRES_URL:
-        (data / "state.db").symlink_to(base / "shared-state" / "state.db")
     return data
 
 
@@ -242,9 +238,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     notes = base / "notes"
     write_folder(notes, NOTES, OLD)
+    state = contextlib.ExitStack()
     config = base / "ragqa.yaml"
-    config.write_text(yaml.safe_dump(_config(base, run, f"http://127.0.0.1:{httpd.server_address[1]}/v1", notes)))
-    (base / "shared-state").mkdir()
+    config.write_text(yaml.safe_dump(_config(run, state.enter_context(fresh_schema("scaleout")),
+                                             f"http://127.0.0.1:{httpd.server_address[1]}/v1", notes)))
     (base / "metrics").mkdir()
     timings: dict[str, float] = {}
     instances: list[Instance] = []
@@ -268,7 +265,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
         errors = [instance.stop() for instance in instances]
         httpd.shutdown()
         httpd.server_close()
-        _drop(config, base, run)
+        with state:  # the schema goes last: dropping the indexes opens the settings' state
+            _drop(config, base, run)
         print(f"\nscale-out loopback timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
     for err in errors:
         assert "Traceback" not in err, err
