@@ -254,7 +254,6 @@ def test_no_cache_skips_the_lookup_and_the_store(corpus, new_cache):
 
 
 def test_a_cache_that_is_down_is_a_miss_not_an_error(corpus):
-    pytest.importorskip("redis")
     cfg = CacheSettings(backend="redis", redis_url="redis://127.0.0.1:9/0")  # nothing listens there
     gen = Counting()
     answerer = Answerer(corpus, generator=gen, cache=make_answer_cache(corpus, settings=cfg))

@@ -174,7 +174,6 @@ def test_a_live_data_dir_is_evaluated_as_it_is(tmp_path: Path) -> None:
 
 
 def test_runs_are_logged_to_mlflow(dataset: Path, tmp_path: Path) -> None:
-    pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     overrides = _overrides(tmp_path / "data", eval={"tracking": True})

@@ -14,8 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("schemathesis")
-
 from tests.fixtures.keys import bearer, keyed_server
 
 CASES_PER_ROUTE = 40

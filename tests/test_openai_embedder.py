@@ -20,14 +20,12 @@ from ingest.registry import source_from_argument
 from ingest.services import open_services
 from rag.config import EmbedderSettings
 from rag.embedders import SentenceTransformerEmbedder, make_embedder
+from rag.embedders.openai_server import OpenAIEmbedder
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError
 from rag.services import Services
 from rag.types import Embedder
 from tests.conftest import make_settings
 from tests.embeddings_server import EmbeddingsServer, serve_embeddings
-
-pytest.importorskip("openai")
-from rag.embedders.openai_server import OpenAIEmbedder
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DOCS = [
