@@ -17,9 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.fixtures.keys import bearer, keyed_server  # noqa: E402
 from tests.fuzz import EXCLUDED, fuzz  # noqa: E402
-from tests.test_hostile_input import keyed_server  # noqa: E402
-from tests.test_serve_auth import bearer  # noqa: E402
 
 
 def main() -> None:

@@ -4,10 +4,8 @@ collection per test), on a real server when RAG_TEST_MILVUS_URI is set, and Milv
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -19,6 +17,7 @@ from rag.errors import BackendUnavailable, DataDirLocked, SchemaMismatch
 from rag.types import Chunk, Filters, Trust
 from rag.vectors.milvus import NO_DATE, MilvusVectorIndex, filter_expression, quote
 from tests.backend_suite import VectorIndexSuite, make_corpus, unit_vectors
+from tests.fixtures.milvus import collection_name
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +34,6 @@ ON_SERVER = [pytest.mark.integration,
 def milvus_uri(request: pytest.FixtureRequest) -> str:
     """Milvus Lite, then the server when there is one (their expression parsers differ)."""
     return request.getfixturevalue("milvus_lite_uri") if request.param == "lite" else SERVER_URI
-
-
-def collection_name(request: pytest.FixtureRequest) -> str:
-    """A valid, unique collection name derived from the test's id."""
-    raw = re.sub(r"\W", "_", f"{request.node.cls.__name__ if request.node.cls else ''}_{request.node.name}")
-    return f"t_{raw[:180]}_{zlib.crc32(request.node.nodeid.encode()):08x}"
 
 
 def _index(uri: str, request: pytest.FixtureRequest, dim: int, token: str | None = None

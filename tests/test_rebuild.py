@@ -23,7 +23,7 @@ from rag.lexical.tantivy_index import TantivyIndex
 from rag.types import Chunk
 from rag.vectors.numpy_index import NumpyVectorIndex
 from tests.backend_suite import make_corpus, unit_vectors
-from tests.test_milvus_index import collection_name
+from tests.fixtures.milvus import collection_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DIM = 8
