@@ -27,11 +27,10 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from rag.answer import AnswerEvent
+from rag.answer import AnswerEvent, abstained
 from rag.metrics import REGISTRY
-from rag.prompts import UNKNOWN
 
-__all__ = ["answer_record", "observe_record", "observe_feedback", "abstained"]
+__all__ = ["answer_record", "observe_record", "observe_feedback"]
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _LABELS = ["experiment", "arm"]
@@ -51,22 +50,12 @@ CITED = Counter("experiment_cited_answers", "Answers citing at least one passage
 FEEDBACK = Counter("experiment_feedback", "User feedback (up, down) per experiment arm; 'none' outside experiments.",
                    [*_LABELS, "rating"], registry=REGISTRY)
 
-# "I don't know", "我不知道": the start of the reply the prompt asks for when the context lacks the answer.
-_ABSTAIN = tuple(v.replace("：", ":").split(":")[0].lower() for v in UNKNOWN.values())
-
-
-def abstained(text: str) -> bool:
-    """Whether an answer is the "I don't know" reply (either language's wording of it)."""
-    low = text.lower().replace("’", "'")
-    return any(phrase in low for phrase in _ABSTAIN)
-
-
 def answer_record(route: str, done: AnswerEvent, text: str, assignment: Mapping[str, Any],
                   answer_id: str) -> dict[str, Any]:
     """The record of one finished answer (see :mod:`rag.feedback`): versions, arm, the figures arms
     are compared on."""
     tokens, gen_s = done.usage.get("completion_tokens", 0), done.timings.get("generate_ms", 0) / 1000
-    versions = getattr(done, "versions", None)
+    versions = done.versions
     return {"answer_id": answer_id, "time": time.time(), "route": route,
             "experiment": assignment.get("experiment"), "arm": assignment.get("arm"),
             "pinned": bool(assignment.get("pinned")), "versions": dict(versions) if versions else None,

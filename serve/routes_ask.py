@@ -33,6 +33,7 @@ from serve.answers import (
 from serve.deps import QueryCaller, State
 from serve.errors import error_body
 from serve.limits import check_question
+from serve.routes_experiments import Ab
 from serve.schemas import (
     RESUME_ERRORS,
     AskRequest,
@@ -102,17 +103,20 @@ class AskRenderer:
              responses={**RESUME_ERRORS,
                         200: {"description": "The answer, or with `stream: true` an SSE stream.", "content": _SSE}},
              summary="Answer a question from the indexed documents, with citations and timings")
-async def ask(body: AskRequest, request: Request, state: State, caller: QueryCaller,
+async def ask(body: AskRequest, request: Request, state: State, caller: QueryCaller, ab: Ab,
               last_event_id: _LastEventId = None) -> Any:
     if body.stream and last_event_id:
         return await resume(state, last_event_id, "ask", caller)
     check_question(body.question, state.settings.serve, "question")
     filters = body.filters.parse("filters") if body.filters else Filters()
     conversation_id = body.conversation_id or state.conversations.new_id()
-    answer = observed("ask", state, state.answerer.stream(
+    arm = await ab.assign(request, caller, conversation_id)  # an experiment's arm, or pinned by an admin
+    answer = observed("ask", state, ab.recorded("ask", state.answerer.stream(
         body.question, history=await state.conversations.history(conversation_id, caller.key_id),
-        filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache),
-        question=body.question, caller=caller.key_id, conversation_id=conversation_id, stream=body.stream)
+        filters=caller.restrict(filters), top_k=body.top_k, no_cache=body.no_cache, profile=arm.profile,
+        arm=arm.arm), arm),
+        question=body.question, caller=caller.key_id, conversation_id=conversation_id, stream=body.stream,
+        experiment=arm.experiment)
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         await state.conversations.add(conversation_id, body.question, result.text, caller.key_id)

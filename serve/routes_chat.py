@@ -53,6 +53,7 @@ from serve.answers import (
 from serve.deps import QueryCaller, State
 from serve.errors import error_body
 from serve.limits import check_messages, check_question
+from serve.routes_experiments import Ab, chat_conversation
 from serve.schemas import (
     ERRORS,
     RESUME_ERRORS,
@@ -166,7 +167,7 @@ class ChunkRenderer:
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**RESUME_ERRORS, 200: _STREAM_DOC},
              summary="Answer the last user message from the indexed documents (OpenAI-compatible)")
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, response: Response, state: State, caller: QueryCaller,
+    body: ChatCompletionRequest, request: Request, response: Response, state: State, caller: QueryCaller, ab: Ab,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=(
         "Resume a stream: `<stream_id>:<events received>`; the stream continues after that event."))] = None,
 ) -> Any:
@@ -175,10 +176,13 @@ async def chat_completions(
     question, history = conversation(body, state.settings.serve)
     options = body.rag
     filters = options.filters.parse("rag.filters") if options and options.filters else Filters()
-    answer = observed("chat", state, state.answerer.stream(
+    arm = await ab.assign(request, caller, chat_conversation(question, history))
+    answer = observed("chat", state, ab.recorded("chat", state.answerer.stream(
         question, history=history, filters=caller.restrict(filters), top_k=options.top_k if options else None,
-        overrides=body.overrides(), no_cache=bool(options and options.no_cache)),
-        question=question, caller=caller.key_id, history_turns=len(history), stream=body.stream)
+        overrides=body.overrides(), no_cache=bool(options and options.no_cache), profile=arm.profile,
+        arm=arm.arm), arm),
+        question=question, caller=caller.key_id, history_turns=len(history), stream=body.stream,
+        experiment=arm.experiment)
     if not body.stream:
         result = await until_disconnected(request, collect(answer))
         response.headers["X-Cache"] = result.done.cache or "miss"

@@ -23,9 +23,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
@@ -42,7 +43,7 @@ from serve.errors import Forbidden, NotFound
 from serve.experiment_metrics import answer_record, observe_record
 from serve.schemas import ERRORS
 
-__all__ = ["router", "Experiments", "Assignment", "PIN_HEADER"]
+__all__ = ["router", "Experiments", "Assignment", "PIN_HEADER", "chat_conversation"]
 
 log = logging.getLogger("ragqa.serve")
 
@@ -122,15 +123,15 @@ class Experiments:
 
 
 def answer_id_of(event: AnswerEvent) -> str:
-    """The id the response shows for this answer (made here when the answerer gave none)."""
-    found = getattr(event, "answer_id", None)
-    if not found:
-        found = f"ans-{uuid.uuid4().hex}"
-        try:
-            object.__setattr__(event, "answer_id", found)
-        except (AttributeError, TypeError):
-            pass
-    return str(found)
+    """The id the response shows for this answer (the answerer gives every answer one)."""
+    return event.answer_id or f"ans-{uuid.uuid4().hex}"
+
+
+def chat_conversation(question: str, history: Sequence[Mapping[str, str]]) -> str:
+    """What identifies a stateless chat's conversation: its first user message, hashed (every
+    later request of the conversation repeats it)."""
+    first = next((m["content"] for m in history if m.get("role") == "user"), question)
+    return hashlib.sha256(first.encode("utf-8")).hexdigest()[:32]
 
 
 async def _experiments(request: Request) -> Experiments:
