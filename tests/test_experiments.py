@@ -36,7 +36,7 @@ from tests.conftest import NOTES, make_settings
 from tests.corpus import index_notes, question
 from tests.fixtures.cache import NO_REDIS, REDIS_URL, flush_redis
 from tests.fixtures.keys import bearer, key_entries
-from tests.live import live
+from tests.live import live, sse_events
 
 SPLIT = [{"name": "control", "profile": "default", "weight": 50}, {"name": "alt", "profile": "alt", "weight": 50}]
 PORTS = (8751, 8752)
@@ -190,6 +190,22 @@ def test_feedback_is_stored_with_the_answers_versions(keyed, http):
     metrics = http.get(f"{keyed.url}/metrics").text
     assert 'experiment_feedback_total{arm="alt",experiment="split",rating="down"}' in metrics
     assert 'experiment_answers_total{arm="alt",cache="miss",experiment="split"}' in metrics
+
+
+def test_chat_completions_carry_the_arm_and_their_answer_id_takes_feedback(keyed, http):
+    headers = {**bearer("admin"), "X-Ragqa-Arm": "alt"}
+    body = {"model": "ragqa", "messages": [{"role": "user", "content": question(9)}], "rag": {"no_cache": True}}
+    res = http.post(f"{keyed.url}/v1/chat/completions", headers=headers, json=body)
+    assert res.status_code == 200, res.text
+    ext = res.json()["ragqa"]
+    assert ext["arm"] == "alt" and ext["profile"] == "alt"
+    with http.stream("POST", f"{keyed.url}/v1/chat/completions", headers=headers, json={**body, "stream": True}) as r:
+        chunks = [json.loads(e["data"]) for e in sse_events(r.iter_lines()) if e.get("data") not in (None, "[DONE]")]
+    streamed = next(c["ragqa"] for c in chunks if c.get("ragqa"))
+    assert streamed["arm"] == "alt" and streamed["answer_id"] != ext["answer_id"]
+    for answer_id in (ext["answer_id"], streamed["answer_id"]):
+        fb = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"), json={"answer_id": answer_id, "rating": "up"})
+        assert fb.status_code == 200 and fb.json()["arm"] == "alt" and fb.json()["experiment"] == "split", fb.text
 
 
 def test_the_cache_never_serves_one_arms_answer_to_another(keyed, http):
