@@ -8,7 +8,8 @@ one Redis, with the ingest run by a third process. A client spreads its requests
 - a key's rate limit is counted across both;
 - a reindex through one drops the changed answers from the shared cache for both, and keeps
   the others;
-- stopping one instance loses no conversation and no finished stream.
+- stopping one instance loses no conversation and no finished stream; a stream it was still
+  generating ends with an ``aborted`` error event, served by the other.
 
 The services come from ``scripts/test.sh`` (``RAG_TEST_ES_URL``, ``RAG_TEST_MILVUS_URI``,
 ``RAG_TEST_POSTGRES_URL``, ``RAG_TEST_REDIS_URL``); without one the tests skip with the reason.
@@ -133,7 +134,12 @@ def _model_handler(model: ChatModel) -> type[BaseHTTPRequestHandler]:
             if self.path != "/v1/chat/completions":  # /tokenize: ragqa then estimates tokens
                 return self._json(404, {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
             model.requests.append(body["messages"])
-            words = model.answer(body["messages"]).split(" ")
+            try:
+                self._stream(model.answer(body["messages"]).split(" "))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the instance stopped or aborted the answer
+
+        def _stream(self, words: list[str]) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -321,6 +327,8 @@ def test_both_instances_serve_the_ingest_of_a_third_process(cluster):
     a, b = (httpx.get(f"{i.url}/v1/sources", headers=auth(), timeout=30).json() for i in (cluster.a, cluster.b))
     assert a == b
     assert [(s["name"], s["documents"], s["last_run"]["status"]) for s in a] == [(SOURCE, len(NOTES), "ok")]
+    for instance in (cluster.a, cluster.b):  # nothing an answer reads is in a data directory
+        assert not {"state.db", "vectors.db", "milvus.db", "lexical"} & {p.name for p in instance.data.iterdir()}
 
 
 def test_every_answer_cites_the_same_sources_on_either_instance(cluster):
@@ -427,20 +435,44 @@ def test_a_reindex_through_one_instance_drops_the_changed_answers_for_both(clust
 
 
 def test_stopping_one_instance_loses_no_conversation(cluster):
+    """B stops (SIGTERM, as an orchestrator stops a pod) with a conversation, a finished stream
+    and a stream still generating: the conversation goes on on A, the finished stream replays
+    there, and the one B was generating ends with an error event that A serves (its
+    generation died with B: the client asks again), rather than hanging."""
+    model = cluster.model
     first = ask(cluster.b.url, question(9))
     cid = first["conversation_id"]
     ask(cluster.b.url, "Tell me more about it.", conversation_id=cid)
     with httpx.Client(timeout=60) as http, http.stream(
             "POST", f"{cluster.b.url}/v1/ask", headers=auth(),
             json={"question": question(10), "stream": True, "no_cache": True}) as response:
-        streamed = _events(response)
-    err = cluster.b.stop()
+        finished = _events(response)
+    model.release.clear()
+    model.hold_after = 2
+    try:
+        with httpx.Client(timeout=60) as http, http.stream(
+                "POST", f"{cluster.b.url}/v1/ask", headers=auth(),
+                json={"question": question(11), "stream": True, "no_cache": True}) as response:
+            running = _events(response, stop_after_delta=True)
+        began = time.monotonic()
+        err = cluster.b.stop()
+        cluster.timings["stop_s"] = time.monotonic() - began
+    finally:
+        model.hold_after = None
+        model.release.set()
     assert cluster.b.proc.returncode == 0 and "Traceback" not in err, err
+
     ask(cluster.a.url, "Anything else?", conversation_id=cid)
-    sent = cluster.model.asked("Anything else?")
+    sent = model.asked("Anything else?")
     assert [m["content"] for m in sent[1:-1] if m["role"] == "user"] == [question(9), "Tell me more about it."]
-    response = httpx.get(f"{cluster.a.url}/v1/streams/{streamed[0]['id'].split(':')[0]}",
-                         headers={**auth(), "Last-Event-ID": streamed[1]["id"]}, timeout=60)
-    assert response.status_code == 200
-    replayed = list(sse_events(iter(response.text.splitlines())))
-    assert [e["id"] for e in replayed] == [e["id"] for e in streamed[2:]]
+
+    def resumed(events: list[dict[str, str]], after: int) -> list[dict[str, str]]:
+        response = httpx.get(f"{cluster.a.url}/v1/streams/{events[0]['id'].split(':')[0]}",
+                             headers={**auth(), "Last-Event-ID": events[after]["id"]}, timeout=60)
+        assert response.status_code == 200, response.text
+        return list(sse_events(iter(response.text.splitlines())))
+
+    assert [e["id"] for e in resumed(finished, 1)] == [e["id"] for e in finished[2:]]
+    rest = resumed(running, len(running) - 1)
+    assert [e["event"] for e in rest][-1:] == ["error"], rest
+    assert json.loads(rest[-1]["data"])["error"]["code"] == "aborted", rest
