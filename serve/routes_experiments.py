@@ -70,6 +70,8 @@ class Experiments:
         self.settings = settings
         self.store = experiment_store(settings)
         self.records = answer_records(settings)
+        self.profiles = {"default", *settings.profiles}
+        self._warned: set[str] = set()
 
     async def aclose(self) -> None:
         await self.store.aclose()
@@ -97,6 +99,14 @@ class Experiments:
         else:
             unit = f"conversation:{conversation}" if conversation else None
         arm = exp.assign(unit)
+        if arm.profile not in self.profiles:  # set by an instance with other profiles: this one answers as control
+            if arm.profile not in self._warned:
+                self._warned.add(arm.profile)
+                log.warning("experiment %s: arm %s names the profile %s, which this server does not have; "
+                            "its requests get the control arm here", exp.name, arm.name, arm.profile)
+            arm = exp.control
+            if arm.profile not in self.profiles:
+                return Assignment()
         return Assignment(exp.name, arm.name, arm.profile)
 
     async def recorded(self, route: str, events: AsyncIterator[AnswerEvent],

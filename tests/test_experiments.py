@@ -112,6 +112,20 @@ def test_ragqa_experiment_set_status_stop_on_the_data_dir(tmp_path):
     assert run(cli, ["experiment", "report"], env=env).output.strip() == "no recorded answers"
 
 
+def test_an_arm_whose_profile_this_server_lacks_answers_as_control(tmp_path):
+    from starlette.requests import Request
+
+    from serve.deps import Caller
+    from serve.routes_experiments import Experiments
+
+    settings = Settings.load(None, data_dir=tmp_path, profiles={"alt": {"backend": "extractive"}})
+    ab = Experiments(settings)  # another instance set an arm on a profile this one does not define
+    ab.store.save(Experiment.create("x", [Arm("control", "default", 0.001), Arm("new", "gone", 1000)]))
+    request = Request({"type": "http", "headers": []})
+    got = {asyncio.run(ab.assign(request, Caller(), f"c{i}")) for i in range(20)}
+    assert {(a.experiment, a.arm, a.profile) for a in got} == {("x", "control", "default")}
+
+
 def test_the_report_compares_arms_from_the_records():
     answers = [{"experiment": "x", "arm": "a", "versions": {"profile": "default"}, "cache": "miss", "total_ms": t,
                 "ttft_ms": t / 2, "tokens_per_s": 10.0, "abstained": t > 300, "cited": t <= 300}
