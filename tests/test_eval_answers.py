@@ -20,25 +20,9 @@ from rag.errors import ConfigError
 from rag.packing import PackedContext
 from rag.prompts import build_prompt
 from ragqa.cli import cli
+from tests.fixtures.xquad import xquad_subset as _subset
 
 DATA = Path(__file__).parent / "data"
-
-
-def _subset(folder: Path, docs: int = 30) -> Path:
-    """The first ``docs`` XQuAD-en paragraphs with their questions, as a BEIR-style folder."""
-    src = DATA / "xquad-en"
-    folder.mkdir(parents=True)
-    corpus = (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:docs]
-    ids = {json.loads(line)["id"] for line in corpus}
-    qrels = (src / "qrels.tsv").read_text(encoding="utf-8").splitlines()
-    kept = [row for row in qrels[1:] if row.split("\t")[1] in ids]
-    qids = {row.split("\t")[0] for row in kept}
-    queries = [q for q in (src / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-               if json.loads(q)["id"] in qids]
-    (folder / "corpus.jsonl").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    (folder / "qrels.tsv").write_text("\n".join([qrels[0], *kept]) + "\n", encoding="utf-8")
-    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n", encoding="utf-8")
-    return folder
 
 
 def _overrides(data_dir: Path, **more: Any) -> dict[str, Any]:

@@ -417,3 +417,44 @@ def fit_router_cmd(runs: tuple[str, ...], tolerance: float, max_loss: float, fol
     report = fit_router(pairs, names=names, tolerance=tolerance, max_loss=max_loss, folds=folds,
                         signals_from=signals_from, resamples=resamples, seed=seed)
     emit(report, as_json, render_fit)
+
+
+@eval_group.command("export-distill")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="The training set to write (chat-format JSONL, one row per kept answer).")
+@click.option("--min-f1", type=click.FloatRange(0, 1),
+              help="Keep only answers with at least this F1 (0-1) where the gold answer is known.")
+@click.option("--profile", help="Keep only answers of this generator profile (the teacher).")
+@click.option("--keep-uncited", is_flag=True, help="Also keep answers that cite no passage.")
+@click.option("--keep-abstentions", is_flag=True,
+              help="Also keep answers that say 'I don't know' (the abstention pass's correct ones included).")
+@click.option("--near-dup", type=click.FloatRange(0, 1, min_open=True),
+              help="Also drop a question whose words overlap a kept one's on the same context this much (Jaccard).")
+@click.option("--index", "indexes", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A data dir whose state holds the chunks the answers were given; repeatable. "
+              "[default: <data_dir>/evals/index/* and the data dir itself]")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.pass_obj
+@handle_errors
+def export_distill_cmd(obj: Context, sources: tuple[str, ...], out: str, min_f1: float | None, profile: str | None,
+                       keep_uncited: bool, keep_abstentions: bool, near_dup: float | None, indexes: tuple[str, ...],
+                       as_json: bool) -> None:
+    """Export a teacher's answers as a chat-format JSONL training set for a student model.
+
+    SOURCES are `eval answers` run folders or QA log files (serve.qa_log). Each row holds the
+    system, user (the packed context and the question) and assistant messages, and its
+    provenance (run or log line, model, quantization, prompt version, dataset). Errors,
+    fallback answers, abstentions and uncited answers are left out unless asked for, and a
+    question asked again on the same context is kept once.
+
+    Example: ragqa eval export-distill runs/qwen15-xquad-en --min-f1 0.5 --out train.jsonl
+    """
+    from evals.distill import export_distill, render_report
+    from rag.config import Settings
+
+    settings = Settings.load(obj.config, **obj.overrides())
+    report = export_distill(sources, out, data_dir=settings.data_dir, index=indexes, state_url=settings.state.url,
+                            min_f1=min_f1, keep_uncited=keep_uncited, keep_abstentions=keep_abstentions,
+                            profile=profile, near_dup=near_dup)
+    emit(report, as_json, render_report)
