@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,6 +54,12 @@ _PAGE = 4096
 # A search or a vector fetch answers a question: a hung server costs it this long, not
 # ``timeout_s`` (30 s), before the retriever answers without the vector leg.
 QUERY_TIMEOUT_S = 5.0
+# A server's reads at Strong consistency wait for the next time tick (200 ms by default, 50 ms
+# under scripts/milvus.sh): measured 83 ms for a fetch of 100 vectors against 9 ms at Bounded
+# (bench/RESULTS-query-path.md). Bounded reads may miss what was written in the last few
+# seconds (at most common.gracefulTime, 5 s; under 0.5 s measured), so a process reads its
+# own writes at Strong for this long after making them.
+READ_YOUR_WRITES_S = 10.0
 
 
 class MilvusVectorIndex(MilvusGenerations):
@@ -67,7 +74,10 @@ class MilvusVectorIndex(MilvusGenerations):
 
     Every call waits at most ``timeout_s``; a search or a vector fetch, which a question
     waits for, at most ``query_timeout_s`` (5 s), so a hung server fails a query fast and the
-    retriever answers from BM25.
+    retriever answers from BM25. On a server, searches and fetches read at
+    ``read_consistency`` (``Bounded``: no wait for a time tick; a row written by another process
+    in the last moments may not be seen yet), and at ``Strong`` for :data:`READ_YOUR_WRITES_S`
+    after a write through this index, so a process always reads what it wrote.
 
     Example::
 
@@ -83,7 +93,7 @@ class MilvusVectorIndex(MilvusGenerations):
 
     def __init__(self, uri: str, collection: str, dim: int, token: str | None = None,
                  timeout_s: float = 30, *, index_type: str = "FLAT",
-                 query_timeout_s: float = QUERY_TIMEOUT_S) -> None:
+                 query_timeout_s: float = QUERY_TIMEOUT_S, read_consistency: str = "Bounded") -> None:
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         if timeout_s <= 0 or query_timeout_s <= 0:
@@ -93,6 +103,8 @@ class MilvusVectorIndex(MilvusGenerations):
         self.query_timeout_s = min(query_timeout_s, timeout_s)
         self._token = token
         self._index_type = index_type
+        self.read_consistency = read_consistency
+        self._wrote_at = float("-inf")  # monotonic time of this process's last write (read_level)
         self._client: MilvusClient | None = None
         self._ready = False
         self._lite = is_lite(uri)
@@ -169,6 +181,7 @@ class MilvusVectorIndex(MilvusGenerations):
             for i in range(0, len(rows), _WRITE_BATCH):
                 client.upsert(self.collection, rows[i: i + _WRITE_BATCH], timeout=self.timeout_s)
         self._unflushed = self._lite
+        self.wrote()
 
     def delete_documents(self, doc_ids: Iterable[str]) -> None:
         self._delete("doc_id", doc_ids)
@@ -187,6 +200,20 @@ class MilvusVectorIndex(MilvusGenerations):
                 batch = quoted_list(wanted[i: i + _DELETE_BATCH])
                 client.delete(self.collection, filter=f"{field} in {batch}", timeout=self.timeout_s)
         self._unflushed = self._lite
+        self.wrote()
+
+    def wrote(self) -> None:
+        """Note a write made here (or a switch to a rebuilt generation): reads see it at once."""
+        self._wrote_at = time.monotonic()
+        if self._origin is not None:  # a rebuild's rows are read through the alias's index
+            self._origin._wrote_at = self._wrote_at
+
+    def _read_options(self) -> dict[str, Any]:
+        """The consistency of a search or fetch that a question waits for (none on Milvus Lite)."""
+        if self._lite:
+            return {}
+        recent = time.monotonic() - self._wrote_at < READ_YOUR_WRITES_S
+        return {"consistency_level": "Strong" if recent else self.read_consistency}
 
     # -- reads ---------------------------------------------------------------------------------
     def search(self, vector: np.ndarray, k: int = 10, filters: Filters | None = None) -> list[Hit]:
@@ -203,7 +230,7 @@ class MilvusVectorIndex(MilvusGenerations):
             result = client.search(
                 self.collection, data=[q.tolist()], filter=filter_expression(filters),
                 limit=min(k, _MAX_TOPK), output_fields=OUTPUT_FIELDS, anns_field="vector",
-                search_params={"metric_type": "IP"}, timeout=self.query_timeout_s,
+                search_params={"metric_type": "IP"}, timeout=self.query_timeout_s, **self._read_options(),
             )
         hits = []
         for hit in result[0]:
@@ -220,7 +247,8 @@ class MilvusVectorIndex(MilvusGenerations):
         with self._calling(f"read vectors from {self.collection!r}"):
             for i in range(0, len(ids), _ID_BATCH):
                 rows = client.query(self.collection, filter=f"id in {quoted_list(ids[i: i + _ID_BATCH])}",
-                                    output_fields=["id", "vector"], timeout=self.query_timeout_s)
+                                    output_fields=["id", "vector"], timeout=self.query_timeout_s,
+                                    **self._read_options())
                 out.update((r["id"], np.asarray(r["vector"], dtype=np.float32)) for r in rows)
         return out
 

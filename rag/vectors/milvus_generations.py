@@ -123,6 +123,7 @@ class MilvusGenerations(RebuildTracking):
                     raise BackendError(f"{self._where}: {self.collection!r} is not an alias any more")
                 client.alter_alias(new.collection, self.collection, timeout=self.timeout_s)
             self._unflushed = False
+            self.wrote()  # the rebuilt rows are the live ones now: read them at once
             self._retire(new)
         if old != new.collection:
             if not self._lite:  # one process per Milvus Lite file: no other reader in flight
