@@ -51,8 +51,12 @@ import httpx
 import pytest
 import yaml
 
+from ingest.services import open_services
+from rag.config import Settings
 from serve.auth import hash_key, new_key
 from tests.corpus import OLD, doc_text, question, write_folder
+from tests.fixtures.cache import flush_redis
+from tests.fixtures.elasticsearch import drop_everything
 from tests.fixtures.postgres import POSTGRES_URL, fresh_schema
 from tests.live import sse_events
 
@@ -280,16 +284,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
 
 def _drop(config: Path, base: Path, run: str) -> None:
     """Drop the module's Elasticsearch index, Milvus collection and Redis keys."""
-    from ingest.services import open_services
-    from rag.config import Settings
-    from tests.fixtures.cache import flush_redis
-
-    os.environ.setdefault("RAG_CONFIG", "")
-    settings = Settings.load(config, data_dir=base / "cleanup")
     from elasticsearch import Elasticsearch
 
-    from tests.fixtures.elasticsearch import drop_everything
-
+    settings = Settings.load(config, data_dir=base / "cleanup")
     services = open_services(settings)
     try:
         services.vector.drop()  # type: ignore[attr-defined]
