@@ -98,8 +98,11 @@ class Gated(ExtractiveGenerator):
             raise
 
 
-def comparable(chunk) -> dict:  # an openai chunk
-    return chunk.model_dump(exclude={"id", "created"})
+def comparable(chunk) -> dict:  # an openai chunk, without what differs between two runs
+    out = chunk.model_dump(exclude={"id", "created"})
+    if isinstance(out.get("ragqa"), dict):
+        out["ragqa"] = {k: v for k, v in out["ragqa"].items() if k != "answer_id"}  # new on every answer
+    return out
 
 
 def wait_for(condition, timeout_s: float = 60.0) -> None:

@@ -50,7 +50,7 @@ def chat(url: str) -> openai.OpenAI:
 def same_run(event: dict[str, str]) -> tuple[str, dict]:
     """An ask event without what differs between two runs of the same question."""
     data = json.loads(event["data"])
-    for key in ("conversation_id", "timings"):
+    for key in ("conversation_id", "timings", "answer_id"):
         data.pop(key, None)
     return event["event"], data
 
