@@ -58,7 +58,7 @@ def answer_record(route: str, done: AnswerEvent, text: str, assignment: Mapping[
     versions = done.versions
     return {"answer_id": answer_id, "time": time.time(), "route": route,
             "experiment": assignment.get("experiment"), "arm": assignment.get("arm"),
-            "pinned": bool(assignment.get("pinned")), "versions": dict(versions) if versions else None,
+            "pinned": bool(assignment.get("pinned")), "caller": assignment.get("caller"), "versions": dict(versions) if versions else None,
             "cache": done.cache or "miss", "degraded": done.degraded, "total_ms": done.timings.get("total_ms"),
             "ttft_ms": done.timings.get("ttft_ms"),
             "tokens_per_s": round(tokens / gen_s, 2) if tokens and gen_s > 0 else None,

@@ -61,6 +61,7 @@ class Assignment:
     arm: str | None = None
     profile: str | None = None
     pinned: bool = False
+    caller: str | None = None  # the API key id: only it (or an admin) may rate the answer
 
 
 class Experiments:
@@ -91,9 +92,9 @@ class Experiments:
             if arm is None:
                 raise RequestError(PIN_HEADER, f"experiment {exp.name!r} has no arm {pin!r}; its arms: "
                                    f"{', '.join(a.name for a in exp.arms)}")
-            return Assignment(exp.name, arm.name, arm.profile, True)
+            return Assignment(exp.name, arm.name, arm.profile, True, caller.key_id)
         if exp is None:
-            return Assignment()
+            return Assignment(caller=caller.key_id)
         if self.settings.experiment.assign_by == "key" and caller.key_id:
             unit: str | None = f"key:{caller.key_id}"
         else:
@@ -106,8 +107,8 @@ class Experiments:
                             "its requests get the control arm here", exp.name, arm.name, arm.profile)
             arm = exp.control
             if arm.profile not in self.profiles:
-                return Assignment()
-        return Assignment(exp.name, arm.name, arm.profile)
+                return Assignment(caller=caller.key_id)
+        return Assignment(exp.name, arm.name, arm.profile, caller=caller.key_id)
 
     async def recorded(self, route: str, events: AsyncIterator[AnswerEvent],
                        assignment: Assignment) -> AsyncIterator[AnswerEvent]:

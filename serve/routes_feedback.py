@@ -3,8 +3,9 @@
 The answer is named by the id its response carried (``answer_id`` in ``/v1/ask``'s response,
 ``ragqa.answer_id`` in a chat completion). The feedback is stored with that answer's versions
 and experiment arm (:mod:`rag.feedback`), counted in ``experiment_feedback_total``, and read by
-``ragqa experiment report``. An id that was never recorded, or whose record has expired
-(``experiment.records_ttl_s``), is a 404.
+``ragqa experiment report``. An id that was never recorded, whose record has expired
+(``experiment.records_ttl_s``), or that another API key's request got (only that key or an
+admin key may rate it) is a 404.
 
 Example::
 
@@ -55,6 +56,8 @@ class FeedbackOut(BaseModel):
              summary="Rate an answer up or down, with an optional comment")
 async def feedback(body: FeedbackIn, ab: Ab, caller: QueryCaller) -> FeedbackOut:
     answer = await asyncio.to_thread(ab.records.get, body.answer_id)
+    if answer is not None and answer.get("caller") not in (None, caller.key_id) and "admin" not in caller.scopes:
+        answer = None  # another key's answer: as unknown as one never made
     if answer is None:
         raise NotFound("answer_id", f"no answer {body.answer_id!r} is recorded (answers are kept "
                        f"{ab.settings.experiment.records_ttl_s / 86400:g} days)")

@@ -187,15 +187,20 @@ def test_a_key_stays_in_its_arm(keyed, http):
 def test_feedback_is_stored_with_the_answers_versions(keyed, http):
     res = ask(http, keyed.url, "admin", {"X-Ragqa-Arm": "alt"}, question=question(5), no_cache=True)
     answer_id = res.json()["answer_id"]
-    up = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"),
-                   json={"answer_id": answer_id, "rating": "down", "comment": "cites the wrong note"})
+    rating = {"answer_id": answer_id, "rating": "down", "comment": "cites the wrong note"}
+    other = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"), json=rating)
+    assert other.status_code == 404, other.text  # another key's answer is not this key's to rate
+    own = ask(http, keyed.url, "acme", question=question(5), no_cache=True).json()["answer_id"]
+    res_own = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"), json={"answer_id": own, "rating": "up"})
+    assert res_own.status_code == 200, res_own.text
+    up = http.post(f"{keyed.url}/v1/feedback", headers=bearer("admin"), json=rating)
     assert up.status_code == 200, up.text
     assert up.json()["arm"] == "alt" and up.json()["versions"] == res.json()["versions"]
     for body, status in (({"answer_id": "ans-unknown", "rating": "up"}, 404),
                          ({"answer_id": answer_id, "rating": "meh"}, 422),
                          ({"answer_id": answer_id, "rating": "up", "comment": "x" * 2001}, 422),
                          ({"rating": "up"}, 422)):
-        res = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"), json=body)
+        res = http.post(f"{keyed.url}/v1/feedback", headers=bearer("admin"), json=body)
         assert res.status_code == status, (body, res.text)
     assert http.get(f"{keyed.url}/v1/admin/experiment/report", headers=bearer("acme")).status_code == 403
     rows = http.get(f"{keyed.url}/v1/admin/experiment/report", headers=bearer("admin")).json()
@@ -218,7 +223,7 @@ def test_chat_completions_carry_the_arm_and_their_answer_id_takes_feedback(keyed
     streamed = next(c["ragqa"] for c in chunks if c.get("ragqa"))
     assert streamed["arm"] == "alt" and streamed["answer_id"] != ext["answer_id"]
     for answer_id in (ext["answer_id"], streamed["answer_id"]):
-        fb = http.post(f"{keyed.url}/v1/feedback", headers=bearer("acme"), json={"answer_id": answer_id, "rating": "up"})
+        fb = http.post(f"{keyed.url}/v1/feedback", headers=bearer("admin"), json={"answer_id": answer_id, "rating": "up"})
         assert fb.status_code == 200 and fb.json()["arm"] == "alt" and fb.json()["experiment"] == "split", fb.text
 
 
