@@ -297,7 +297,7 @@ def _fresh_asks(urls: list[str], questions: list[str]) -> list[dict]:
     def one(job: tuple[str, str]) -> dict:
         res = httpx.post(f"{job[0]}/v1/ask", json={"question": job[1], "no_cache": True}, timeout=60)
         assert res.status_code == 200, res.text
-        return res.json()
+        return {**res.json(), "server": job[0]}
 
     jobs = [(url, q) for q in questions for url in urls]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -342,4 +342,20 @@ def test_stopping_sends_the_next_request_of_every_worker_of_both_servers_to_cont
     assert json.loads(status.output)["experiment"]["stopped"], status.output
     res = run(cli, ["experiment", "set", "rollout", "--arm", "control=default:0", "--arm", "alt=alt:1"], env=pair.env)
     assert res.exit_code == 0, res.output
-    assert {r["versions"]["arm"] for r in _fresh_asks([a, b], [question(1), question(2)])} == {"alt"}
+    last = _fresh_asks([a, b], [question(1), question(2)])
+    assert {r["versions"]["arm"] for r in last} == {"alt"}
+
+    # each server's /metrics sums its two workers' per-arm counts
+    for url in (a, b):
+        mine = [r for r in before + after + last if r["server"] == url]
+        text = http.get(f"{url}/metrics").text
+        counted = {arm: _sample(text, "experiment_answers_total", experiment="rollout", arm=arm)
+                   for arm in ("control", "alt")}
+        assert counted == {arm: sum(r["versions"]["arm"] == arm for r in mine) for arm in counted}, counted
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
