@@ -452,7 +452,7 @@ class Answerer:
             who = generator if name == DEFAULT else f"{generator} (profile {name})"
             log.warning("generator %s %s, answering %s: %s", who, verb, how, exc)
             run.warnings.append(f"generator {who} {verb}, answered {how}: {exc}")
-            run.fallback = True
+        run.fallback = run.fallback or (bool(failures) and answering == "extractive")
 
     def _limits(self, answering: str, asked: str) -> ContextLimits:
         return self.profiles.context_limits(asked if answering == "extractive" else answering)
@@ -522,6 +522,7 @@ class Answerer:
         usage = {"prompt_tokens": (final.prompt_tokens if final else None) or 0,
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
         _observe(answering, timings, usage)
+        self.profiles.down.pop(answering, None)  # it answered: up again
         yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
                           timings=_finish(timings, run.started, gen_started), screening=run.screening, **run.state(),
@@ -570,7 +571,7 @@ class _Run:
     history: Sequence[Mapping[str, str]]
     params: GenerationParams
     arm: str | None
-    fallback: bool = False  # a profile was down: another one (or the extractive answerer) answered
+    fallback: bool = False  # every profile tried was down: the extractive answerer answered
 
     def state(self) -> dict[str, Any]:
         return {"degraded": bool(self.warnings), "warnings": tuple(self.warnings), "fallback": self.fallback}

@@ -54,12 +54,15 @@ async def ready(state: State) -> Any:
         _check("lexical", names["lexical"], lambda: services.lexical.count()),
         _check("vector", names["vector"], lambda: services.vector.count()))
     gen = state.generator
-    generator = BackendState(state="ready" if gen.state == "ready" else "down",
-                             backend=state.answerer.generator.name, detail=gen.detail)
+    health = state.answerer.profiles.health()
+    default_down = health.get("default", ("ready", None))[0] == "down"  # its last start failed
+    generator = BackendState(state="ready" if gen.state == "ready" and not default_down else "down",
+                             backend=state.answerer.generator.name,
+                             detail=health["default"][1] if default_down else gen.detail)
     profiles = {f"profile:{name}": BackendState(state="ready" if up == "ready" else "down",
                                                  backend=state.answerer.profiles.describe(name)["model"] or name,
                                                  detail=detail)
-                for name, (up, detail) in sorted(state.answerer.profiles.health().items()) if name != "default"}
+                for name, (up, detail) in sorted(health.items()) if name != "default"}
     fallback = state.settings.generator.fallback
     indexes = (lexical.state, vector.state)
     if indexes == ("unavailable", "unavailable") or (generator.state == "down" and not fallback):
