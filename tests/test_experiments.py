@@ -352,6 +352,12 @@ def test_stopping_sends_the_next_request_of_every_worker_of_both_servers_to_cont
         counted = {arm: _sample(text, "experiment_answers_total", experiment="rollout", arm=arm)
                    for arm in ("control", "alt")}
         assert counted == {arm: sum(r["versions"]["arm"] == arm for r in mine) for arm in counted}, counted
+    # and the records in Redis hold every answer of both servers, for the report
+    report = run(cli, ["experiment", "report", "--experiment", "rollout", "--json"], env=pair.env)
+    rows = {r["arm"]: r for r in json.loads(report.output)}
+    everything = before + after + last
+    assert {arm: r["answers"] for arm, r in rows.items()} == {
+        arm: sum(r["versions"]["arm"] == arm for r in everything) for arm in ("control", "alt")}, report.output
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
