@@ -1,6 +1,6 @@
 """Scale-out on loopback: two ``ragqa serve --workers 2`` instances, each with a data directory
 of its own, on one Elasticsearch, one Milvus server, one PostgreSQL (the ingestion state) and
-one Redis, with the ingest run by a third process. A client spreads its requests over both instances:
+one Redis, with the ingest run by a third process. A client spreads its requests over both:
 
 - every answer cites the same sources whichever instance (and worker) answers it;
 - a ``/v1/ask`` conversation started on one instance continues on the other;
@@ -24,7 +24,8 @@ the first sentence of passage [1], so an answer changes when its passage does, a
 every request, so a test sees the history an instance sent with a question. It can hold a
 stream after some tokens, so a stream is still running when its client moves.
 
-The servers start once for the module (about 10-20 s on two cores); the last test stops one.
+The instances start once for the module (about 15 s on two idle cores, up to a minute with
+other test runs on them); the last test stops one.
 """
 
 from __future__ import annotations
@@ -207,12 +208,26 @@ class Instance:
     url: str
     proc: subprocess.Popen[str]
     data: Path
+    reader: threading.Thread | None = None
+
+    def drain(self) -> None:
+        """Read what the server prints after its announcement, on a thread (a full pipe would
+        block the server)."""
+        def read() -> None:
+            for _ in self.proc.stdout:  # type: ignore[union-attr]
+                pass
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
 
     def stop(self) -> str:
         """SIGTERM, as an orchestrator stops a pod; returns its log (stderr)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        self.proc.communicate(timeout=60)
+        self.proc.wait(timeout=60)
+        if self.reader is not None:
+            self.reader.join(10)
+        self.proc.stdout.close()  # type: ignore[union-attr]
         return (self.data / "serve.log").read_text(errors="replace")
 
 
@@ -227,6 +242,7 @@ def _start(port: int, env: dict[str, str]) -> Instance:
 def _wait_ready(instance: Instance) -> None:
     line = instance.proc.stdout.readline()  # type: ignore[union-attr]
     assert instance.url in line, line + instance.stop()
+    instance.drain()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the workers load their apps after the announcement
         try:
