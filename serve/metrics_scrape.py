@@ -60,6 +60,8 @@ class StateCollector:
         self.services = services
 
     def collect(self) -> Iterator[Metric]:
+        if self.services.query_state is None:  # an API instance with no state (servers only, none
+            return  # shared): the ingesting process's state has these, and this one must not create one
         state = state_db(self.services)
         now = time.time()
         lag = GaugeMetricFamily("freshness_lag_seconds", "Seconds since the newest successful crawl of a "

@@ -155,6 +155,10 @@ def test_an_instance_with_no_data_directory_answers_with_citations(deployment):
         again = client.post("/v1/ask", json={"question": question(3)}).json()
         assert again["cache"] == "hit" and again["answer"] == body["answer"]  # from Redis
 
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": question(4)}]})
+        assert chat.status_code == 200 and doc_text(4)[1].split(".")[0] in chat.json()["choices"][0]["message"]["content"]
+        assert client.get("/metrics").status_code == 200  # freshness and drift are the ingesting side's
+
         # the reranker's cosines come from the vectors Milvus returns by id
         hits = HybridRetriever.from_services(services).retrieve(question(5), k=3)
         assert hits[0].chunk is not None and hits[0].chunk.title == doc_text(5)[0]
