@@ -103,7 +103,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, o
            "RAG_LEXICAL__INDEX": index, "RAG_VECTOR__BACKEND": "milvus", "RAG_VECTOR__URI": MILVUS_URI,
            "RAG_VECTOR__COLLECTION": collection, "RAG_EMBEDDER__BACKEND": "hash", "RAG_EMBEDDER__DIM": "256",
            "RAG_EMBEDDER__PROGRESS": "false", "RAG_CACHE__BACKEND": "redis", "RAG_CACHE__REDIS_URL": REDIS_URL,
-           "RAG_CACHE__PREFIX": prefix, "RAG_RETRIEVAL__WEIGHTS": "[1.0, 1.0]"}
+           "RAG_CACHE__PREFIX": prefix, "RAG_RETRIEVAL__WEIGHTS": "[1.0, 1.0]",
+           "RAG_STATE__URL": f"sqlite:///{base / 'shared' / 'state.db'}"}  # (a shared database)
+    (base / "shared").mkdir()
     write_folder(base / "notes", range(12), OLD)
 
     def ingest() -> None:
@@ -121,7 +123,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, o
         generator={"backend": "extractive"}, retrieval={"mode": "hybrid", "weights": (1.0, 1.0)},
         serve={"auth": False, "rate_limit_per_minute": 0, "qa_log": False, "redis_url": REDIS_URL})
     try:
-        yield {"settings": settings, "data_dir": data_dir, "ingest": ingest, "notes": base / "notes"}
+        yield {"settings": settings, "data_dir": data_dir, "ingest": ingest, "notes": base / "notes",
+               "state_url": env["RAG_STATE__URL"]}
     finally:
         cleanup = Services(make_settings(base / "cleanup", vector={
             "backend": "milvus", "uri": MILVUS_URI, "collection": collection}))
@@ -184,3 +187,26 @@ def test_with_an_auto_embedder_and_no_state_ready_says_what_to_set(deployment):
         assert ready["backends"]["vector"]["state"] == "unavailable"
         assert "state.url" in ready["backends"]["vector"]["detail"]
     assert not deployment["data_dir"].parent.exists()
+
+
+@servers
+def test_an_instance_on_the_shared_state_reads_the_embedder_chosen_there(deployment):
+    """``embedder.backend: auto`` with ``state.url``: the choice the first ingest recorded in the
+    shared database decides the model (here the hash embedder stands in for the chosen one)."""
+    from ingest.state import StateDB
+    from rag.services import AUTO_META
+
+    shared = StateDB(deployment["state_url"])
+    shared.set_meta(AUTO_META, '{"backend": "hash", "reason": "recorded by the first ingest"}')
+    shared.close()
+    base = deployment["settings"]
+    settings = base.model_copy(update={"embedder": base.embedder.model_copy(update={"backend": "auto"}),
+                                       "state": base.state.model_copy(update={"url": deployment["state_url"]})})
+    services = open_services(settings)
+    with TestClient(create_app(settings, services=services)) as client:
+        assert client.get("/ready").json()["status"] == "ready"
+        body = client.post("/v1/ask", json={"question": question(6)}).json()
+        assert body["citations"] and body["citations"][0]["title"] == doc_text(6)[0], body
+    assert services.embedder.name.startswith("hash") and services.query_state is not None
+    data_dir = deployment["data_dir"]
+    assert not data_dir.exists() or not any(data_dir.iterdir())  # nothing written there
