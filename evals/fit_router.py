@@ -11,7 +11,8 @@ answered again. For each question:
 * the **fit**: the rules that send the most questions to the small profile while the routed
   F1 (small where routed, large elsewhere) stays no more than ``max_loss`` points below the
   large profile alone; ties go to the rules that route more *good enough* questions, then to
-  the higher routed F1. ``max_turn`` is not fitted (the answer runs are single-turn).
+  the higher routed F1, then to the rule left off (a kind of question the fit saw none of
+  stays on the large profile). ``max_turn`` is not fitted (the answer runs are single-turn).
 
 The figures are **cross-validated**: the questions are split in ``folds`` (seeded), the rules
 are fitted on the other folds and applied to each held-out fold, and the held-out decisions

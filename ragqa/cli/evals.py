@@ -410,8 +410,8 @@ def fit_router_cmd(runs: tuple[str, ...], tolerance: float, max_loss: float, fol
     pairs, names = [], []
     for i in range(0, len(runs), 2):
         pairs.append((load_run(runs[i]), load_run(runs[i + 1])))
-        summary = Path(runs[i + 1]) / "summary.json"
-        name = json.loads(summary.read_text(encoding="utf-8")).get("dataset") if summary.is_file() else None
+        marker = Path(runs[i + 1]) / "run.json"  # written when the run starts: a partial run has it too
+        name = json.loads(marker.read_text(encoding="utf-8")).get("dataset") if marker.is_file() else None
         name = str(name or Path(runs[i + 1]).name)
         names.append(name if name not in names else f"{name}#{i // 2 + 1}")
     report = fit_router(pairs, names=names, tolerance=tolerance, max_loss=max_loss, folds=folds,
