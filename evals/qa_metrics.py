@@ -125,7 +125,7 @@ def contains_gold(answer: str, golds: Sequence[str] | Sequence[Sequence[str]], l
     if golds and not isinstance(golds[0], str):
         parts = [list(p) for p in golds]
         return bool(parts) and all(any(_holds(text, g, lang) for g in part) for part in parts)
-    return any(_holds(text, g, lang) for g in golds)  # type: ignore[arg-type]
+    return any(_holds(text, g, lang) for g in golds if isinstance(g, str))
 
 
 _NEEDS = "the answer metrics need sacrebleu and rouge-score: pip install 'ragqa[eval]'"

@@ -93,7 +93,8 @@ def parse_html(text: str, url: str) -> HtmlPage:
     doc = bare_extraction(tree, url=url, output_format="txt", include_comments=False,
                           include_tables=True, favor_recall=True, include_formatting=False,
                           with_metadata=False)
-    body = _render(doc.body) if doc is not None and doc.body is not None else ""  # type: ignore[union-attr]
+    root = getattr(doc, "body", None)  # a trafilatura Document (or None): its body, an lxml element
+    body = _render(root) if root is not None else ""
     if not body.strip():
         body = _body_text(tree)
     return HtmlPage(title=_title(tree), text=body, published=published, modified=modified,

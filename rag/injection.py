@@ -257,15 +257,16 @@ class InjectionFilter:
         excluded: dict[str, tuple[str, ...]] = {}
         quoted: dict[str, tuple[str, ...]] = {}
         for hit in hits:
-            verdict = self.screen_chunk(hit.chunk) if hit.chunk is not None else Verdict()
-            if not verdict.suspicious:
+            chunk = hit.chunk
+            verdict = self.screen_chunk(chunk) if chunk is not None else Verdict()
+            if chunk is None or not verdict.suspicious:
                 kept.append(hit)
                 continue
             for name in verdict.rules:
                 INJECTION_RULES.labels("chunk", name).inc()
             if self.settings.chunk_action == "quote":
                 quoted[hit.chunk_id] = verdict.rules
-                kept.append(replace(hit, chunk=quote(hit.chunk)))  # type: ignore[arg-type]
+                kept.append(replace(hit, chunk=quote(chunk)))
                 INJECTION_CHUNKS.labels("quoted").inc()
             else:
                 excluded[hit.chunk_id] = verdict.rules

@@ -90,16 +90,14 @@ class ContextPacker:
         self.max_chunks = max_chunks
 
     def pack(self, hits: Sequence[Hit]) -> PackedContext:
-        ranked = [h for h in hits if h.chunk is not None]
+        ranked = [(h, h.chunk) for h in hits if h.chunk is not None]
         if self.max_chunks is not None:
             ranked = ranked[: self.max_chunks]
         blocks: list[str] = []
         sizes: list[int] = []
         truncated: str | None = None
         used = 0
-        for h in ranked:
-            chunk = h.chunk
-            assert chunk is not None
+        for _, chunk in ranked:
             label = len(blocks) + 1
             block = f"{passage_header(label, chunk)}\n{chunk.text}"
             # Counted block by block (separators are whitespace, where tokenizers split);
@@ -123,10 +121,10 @@ class ContextPacker:
             truncated = None
             text = SEPARATOR.join(blocks)
             tokens = self.count(text)
-        passages = tuple(Passage(i + 1, h.chunk, size, h.score)  # type: ignore[arg-type]
-                         for i, (h, size) in enumerate(zip(ranked, sizes, strict=False)))
+        passages = tuple(Passage(i + 1, chunk, size, h.score)
+                         for i, ((h, chunk), size) in enumerate(zip(ranked, sizes, strict=False)))
         citations = {p.label: _citation(p.label, p.chunk) for p in passages}
-        dropped = tuple(h.chunk_id for h in ranked[len(passages):])
+        dropped = tuple(h.chunk_id for h, _ in ranked[len(passages):])
         return PackedContext(text, passages, citations, tokens, self.max_tokens, dropped,
                              truncated if passages and truncated == passages[-1].chunk.id else None)
 

@@ -173,8 +173,8 @@ class WebSource:
             return _Page(None)
         etag, modified = reply.headers.get("etag"), reply.headers.get("last-modified")
         if reply.status == 304:
-            return _Page(Fetched(final, "not_modified", etag=etag or (validator and validator.etag),  # type: ignore[arg-type]
-                                 last_modified=modified or (validator and validator.last_modified),  # type: ignore[arg-type]
+            return _Page(Fetched(final, "not_modified", etag=etag or (validator.etag if validator else None),
+                                 last_modified=modified or (validator.last_modified if validator else None),
                                  http_status=304))
         if reply.status in (404, 410):
             return _Page(Fetched(final, "gone", http_status=reply.status))

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.config import EmbedderSettings
-from rag.errors import ConfigError
+from rag.errors import ConfigError, EmbedderError
 from rag.types import Embedder
 
 __all__ = [
@@ -104,6 +104,13 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
     return vectors / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+def measured_dim(dim: int | None, name: str) -> int:
+    """A remote embedder's dimension after its first call set it (an error if it did not)."""
+    if dim is None:
+        raise EmbedderError(f"embedder {name!r} returned no vectors to read its dimension from")
+    return dim
 
 
 def one_line(exc: BaseException) -> str:

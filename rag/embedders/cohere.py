@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag.embedders import one_line, unit_rows
+from rag.embedders import measured_dim, one_line, unit_rows
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError, RagError
 from rag.lang import model_languages
 from rag.text import shorten as _text
@@ -162,7 +162,7 @@ class CohereEmbedder:
     def dim(self) -> int:
         if self._dim is None:
             self._embed(["dimension"], "search_query")
-        return self._dim  # type: ignore[return-value]
+        return measured_dim(self._dim, self.name)
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)

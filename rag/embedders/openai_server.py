@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from rag.embedders import one_line, unit_rows
+from rag.embedders import measured_dim, one_line, unit_rows
 from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, EmbedderError, RagError
 from rag.lang import model_languages
 from rag.text import estimate_tokens
@@ -124,7 +124,7 @@ class OpenAIEmbedder:
     def dim(self) -> int:
         if self._dim is None:
             self._embed(["dimension"])
-        return self._dim  # type: ignore[return-value]
+        return measured_dim(self._dim, self.name)
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)

@@ -185,7 +185,10 @@ class SentenceTransformerEmbedder:
                 model = SentenceTransformer(str(source), device=self.device)
         except Exception as exc:  # the loader raises OSError, ValueError, RuntimeError, hub errors
             raise EmbedderError(f"cannot load embedding model {self._shown!r}: {one_line(exc)}") from exc
-        self._dim = int(model.get_embedding_dimension())  # type: ignore[arg-type]
+        dim = model.get_embedding_dimension()
+        if dim is None:
+            raise EmbedderError(f"embedding model {self._shown!r} does not say its dimension")
+        self._dim = int(dim)
         return model
 
     def _folder(self, must_exist: bool) -> Path | None:
