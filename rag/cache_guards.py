@@ -44,6 +44,7 @@ from functools import lru_cache
 from rag.errors import ConfigError
 from rag.lang import CJK, detect_lang
 from rag.lang import jieba as load_jieba
+from rag.text import HAN_RUN as _HAN_RUN
 
 __all__ = ["GUARDS", "entities", "negated", "numbers", "qtypes", "same_entities", "same_language", "same_negation",
            "same_numbers", "same_qtype", "same_question"]
@@ -51,7 +52,6 @@ __all__ = ["GUARDS", "entities", "negated", "numbers", "qtypes", "same_entities"
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # as rag.cache._NUMBER
 # Words of Latin, Greek and Cyrillic script (and digits); Han text is left to jieba.
 _WORD = re.compile(r"[0-9A-Za-z\u00c0-\u024f\u0370-\u03ff\u0400-\u04ff]+")
-_HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _ENTITY_TAGS = frozenset({"nr", "nrt", "nrfg", "ns", "nt", "nz"})
 _TITLE = re.compile(r"《([^《》]{1,40})》")
 _NOT_HAN_NAMES = frozenset({"谢谢", "请问", "你好", "麻烦", "您好", "多谢"})  # jieba tags some as names
