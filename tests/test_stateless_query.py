@@ -89,6 +89,18 @@ def test_auto_embedder_without_a_state_to_read_the_choice_is_a_clear_error(tmp_p
         _ = services.embedder_choice()
 
 
+def test_a_milvus_server_is_read_at_bounded_consistency_except_right_after_own_writes(tmp_path):
+    from rag.vectors.milvus import READ_YOUR_WRITES_S, MilvusVectorIndex
+
+    server = MilvusVectorIndex("http://127.0.0.1:9", "c", dim=4)  # connects on first use: never here
+    assert server._read_options() == {"consistency_level": "Bounded"}
+    server.wrote()
+    assert server._read_options() == {"consistency_level": "Strong"}
+    server._wrote_at -= READ_YOUR_WRITES_S
+    assert server._read_options() == {"consistency_level": "Bounded"}
+    assert MilvusVectorIndex(str(tmp_path / "lite.db"), "c", dim=4)._read_options() == {}  # Milvus Lite
+
+
 # -- a real instance on Elasticsearch, a Milvus server and Redis ---------------------------
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
