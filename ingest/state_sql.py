@@ -113,14 +113,17 @@ def translated(engine: Engine) -> Iterator[None]:
         raise BackendUnavailable(f"state database {shown(engine.url)}: {reason}") from exc
 
 
-def create_tables(engine: Engine) -> None:
-    """Create what is missing (tables of an older state keep their rows). On PostgreSQL two
-    instances starting together would race on the catalog, so an advisory lock serialises it."""
+def create_tables(engine: Engine, also: sa.Table | None = None) -> None:
+    """Create what is missing (tables of an older state keep their rows), and ``also`` another
+    table (the scheduler's jobs). On PostgreSQL instances starting together would race on the
+    catalog, so an advisory lock serialises it."""
     with translated(engine), engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(
                 sa.func.concat("ragqa.state.create:", sa.func.current_schema()), 0))))
         METADATA.create_all(conn, checkfirst=True)
+        if also is not None:
+            also.create(conn, checkfirst=True)
 
 
 def dialect_insert(engine: Engine, table: sa.Table) -> Any:

@@ -439,6 +439,9 @@ class ScheduleSettings(BaseModel):
     incremental_cron: str = "0 * * * *"
     timezone: str = "UTC"
     misfire_grace_s: int = Field(default=3600, ge=1)
+    standby_poll_s: float = Field(default=5.0, gt=0, description=(
+        "How often a standby scheduler (another instance's runs the jobs on the same state) checks "
+        "whether it can take over."))
 
 
 class StateSettings(BaseModel):

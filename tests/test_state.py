@@ -20,19 +20,13 @@ from rag.config import SourceConfig
 from rag.errors import BackendUnavailable, ConfigError
 from rag.types import Chunk, Document, Trust
 from tests.conftest import make_settings
-from tests.fixtures.postgres import NO_POSTGRES, POSTGRES_URL, fresh_schema
+from tests.fixtures.postgres import STATE_DATABASES, state_database
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
+@pytest.fixture(params=STATE_DATABASES)
 def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database for one test: a new SQLite file, or a new schema on the test PostgreSQL."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'state.db'}"
-        return
-    if not POSTGRES_URL:
-        pytest.skip(NO_POSTGRES)
-    with fresh_schema(request.node.name) as url:
-        yield url
+    yield from state_database(request, tmp_path)
 
 
 @pytest.fixture
