@@ -317,7 +317,7 @@ def export_distill(sources: Iterable[str | Path], out: str | Path, *, data_dir: 
                                   "f1": c.f1}
                     fh.write(json.dumps({"messages": messages, "provenance": provenance}, ensure_ascii=False) + "\n")
                     kept += 1
-                per_source[str(path)] = kept - before
+                per_source[str(path)] = per_source.get(str(path), 0) + kept - before
     finally:
         lookup.close()
     return {"out": str(out_path), "read": read, "kept": kept, "dropped": dict(sorted(dropped.items())),

@@ -96,6 +96,7 @@ def test_duplicates_and_near_duplicates_are_kept_once(tmp_path: Path) -> None:
     (copy / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again), encoding="utf-8")
     report = export_distill([TEACHER, TEACHER, copy], tmp_path / "d.jsonl")
     assert report["kept"] == 7 and report["dropped"] == {"uncited": 4, "duplicate": 7}
+    assert report["sources"] == {str(TEACHER): 6, str(copy): 1}  # a source given twice counts once
     near = export_distill([TEACHER, copy], tmp_path / "n.jsonl", near_dup=0.6)
     assert near["kept"] == 6 and near["dropped"] == {"uncited": 2, "duplicate": 1, "near duplicate": 1}
 
