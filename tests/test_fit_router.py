@@ -59,6 +59,7 @@ def test_the_fit_routes_the_easy_questions_within_the_loss_budget() -> None:
     assert cv["ci"][0] <= cv["delta"] <= cv["ci"][1] and cv["delta"] > -5
     assert report["per_dataset"]["synthetic"]["n"] == 120
     assert report["goal"]["met"] == (cv["share"] >= 0.3 and cv["ci"][1] >= -1)
+    assert report["goal"]["point"] == (cv["share"] >= 0.3 and cv["delta"] >= -1)
 
 
 def test_the_curve_trades_quality_for_share() -> None:
