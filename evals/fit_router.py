@@ -249,7 +249,9 @@ def fit_router(pairs: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mappi
         per_dataset[name] = _summary(oof[max_loss][sel], d.take(sel), good[sel], resamples, seed)
     curve = [{"max_loss": b, **_summary(oof[b], d, good, resamples, seed)} for b in budgets]
     ends = {"all_large": _summary(np.zeros(d.n, dtype=bool), d, good, resamples, seed),
-            "all_small": _summary(np.ones(d.n, dtype=bool), d, good, resamples, seed)}
+            "all_small": _summary(np.ones(d.n, dtype=bool), d, good, resamples, seed),
+            # the documented rules, fitted on nothing here: out of sample by construction
+            "defaults": _summary(routed_mask(RouterRules(), d), d, good, resamples, seed)}
     return {
         "questions": d.n, "datasets": names, "tolerance": tolerance, "max_loss": max_loss, "folds": folds,
         "seed": seed, "resamples": resamples, "signals_from": signals_from,
@@ -294,6 +296,7 @@ def render_fit(report: Mapping[str, Any]) -> str:
         *(_line(name, s) for name, s in report["per_dataset"].items()),
         _line("in-sample", report["in_sample"]),
         _line("all on large", report["ends"]["all_large"]), _line("all on small", report["ends"]["all_small"]),
+        _line("default rules", report["ends"]["defaults"]),
         "",
         "trade-off curve (cross-validated), by loss budget:",
         f"{'max loss':<16}{head[16:]}",

@@ -71,6 +71,7 @@ def test_the_curve_trades_quality_for_share() -> None:
     assert curve[100.0]["delta"] == report["ends"]["all_small"]["delta"] < -15
     assert curve[0.0]["share"] <= curve[5.0]["share"] <= curve[100.0]["share"]
     assert report["ends"]["all_large"]["delta"] == 0 and report["ends"]["all_large"]["share"] == 0
+    assert report["ends"]["defaults"]["share"] == 1.0  # short factual questions, one passage, legs agreeing
 
 
 def test_tolerance_widens_the_label() -> None:
