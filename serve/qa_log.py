@@ -163,6 +163,10 @@ class QALog:
             return None
         default = "qa.jsonl" if serve.workers == 1 else "qa-{pid}.jsonl"  # rotation is per process
         path = serve.qa_log_path or Path(settings.data_dir) / "logs" / default
+        if serve.workers > 1 and "{pid}" not in str(path):
+            logging.getLogger("ragqa.serve").warning(
+                "serve.qa_log_path %s has no {pid}: %d workers append to one file and each rotates it on its "
+                "own, overwriting each other's backups", path, serve.workers)
         return cls(path, serve.qa_log_max_bytes, serve.qa_log_backups, Redactor.from_settings(settings))
 
     def write(self, record: Mapping[str, Any]) -> None:

@@ -155,6 +155,30 @@ def test_every_scrape_counts_the_requests_of_both_workers(server, scraped):
     assert len(served) == 2 and sum(served) == HEALTH_CHECKS, per_worker
 
 
+def test_each_worker_writes_a_qa_log_of_its_own(server, scraped, corpus):
+    """Two workers rotating one qa.jsonl each on its own would overwrite each other's backups:
+    the serve command tells its workers how many they are, so each logs to qa-<its pid>.jsonl."""
+    logs = corpus.data_dir / "logs"
+    before = {p.name: len(p.read_text().splitlines()) for p in logs.glob("qa*.jsonl")}
+    asked = [question(i) for i in range(5, 21)]
+    # Separate connections, so both workers answer some; four at once, which even one worker takes
+    # without an overload 503 (two answering and two queued on two cores).
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda q: httpx.post(f"{server['url']}/v1/ask", json={"question": q},
+                                                   timeout=60).status_code, asked))
+    assert codes == [200] * len(asked)
+    grown = {p.name: len(p.read_text().splitlines()) - before.get(p.name, 0) for p in logs.glob("qa*.jsonl")}
+    grown = {name: n for name, n in grown.items() if n}
+    assert "qa.jsonl" not in before and "qa.jsonl" not in grown, sorted(logs.iterdir())
+    (metrics_dir,) = list(server["dir"].iterdir())
+    workers = {p.stem.rsplit("_", 1)[1] for p in metrics_dir.glob("counter_*.db")}
+    assert len(grown) == 2 and {n.removeprefix("qa-").removesuffix(".jsonl") for n in grown} <= workers, \
+        (grown, workers)
+    assert sum(grown.values()) == len(asked)
+    logged = {json.loads(line)["question"] for name in grown for line in (logs / name).read_text().splitlines()}
+    assert set(asked) <= logged
+
+
 def test_freshness_and_drift_come_from_the_state(scraped):
     text = scraped["texts"][-1]
     lags = {s.labels["source"]: s.value for f in scraped["families"] for s in f.samples

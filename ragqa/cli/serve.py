@@ -46,8 +46,10 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int | None,
 
         from serve.auth import check_exposure
 
+        # The worker count goes into the settings too: each worker reads serve.workers (the QA log
+        # then takes a file per process, qa-{pid}.jsonl, since each rotates its own).
         forced = {"host": host, "auth": cfg.auth and not no_auth,
-                  "allow_insecure_public": cfg.allow_insecure_public or allow_insecure}
+                  "allow_insecure_public": cfg.allow_insecure_public or allow_insecure, "workers": workers}
         check_exposure(cfg.model_copy(update=forced))  # one line, before anything is loaded or bound
         settings = services.settings.model_copy(update={"serve": cfg.model_copy(update=forced)})
         level = "warning" if obj.verbose == 0 else "info" if obj.verbose == 1 else "debug"
@@ -90,7 +92,7 @@ def _serve_workers(obj: Context, settings: Any, forced: dict[str, Any], workers:
         os.environ["RAG_CONFIG"] = str(obj.config)
     os.environ["RAG_DATA_DIR"] = str(services.data_dir)
     for name, value in forced.items():
-        os.environ[f"RAG_SERVE__{name.upper()}"] = str(value).lower() if isinstance(value, bool) else value
+        os.environ[f"RAG_SERVE__{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     resume = "any worker" if settings.serve.redis_url else "the worker that started them"
     click.echo(f"ragqa: starting {workers} workers; streams resume on {resume}, "
                "and /metrics sums every worker's metrics", err=True)
