@@ -140,12 +140,13 @@ class Services:
         """The ingestion state as answering reads it (the cache's change log, the ``auto``
         embedder's choice, text for hits that carry only ids), or ``None`` when this process
         has none to read: on the servers-only settings (:attr:`servers_only`) with no shared
-        state (``state.url``) and no ``state.db`` in the data directory. Such a process
-        answers without a data directory: hits carry their text, a Redis answer cache gets
-        the change log from the ingesting process (:func:`rag.cache.push_changes`), and the
-        embedder must be named in the settings."""
-        if ("state" not in self.__dict__ and self._state_factory is not None and self.servers_only
-                and not self.shared_state and not (self.data_dir / "state.db").exists()):
+        state (``state.url``) and no ``state.db`` in the data directory, or built with no state
+        factory. Such a process answers without a data directory: hits carry their text, a
+        Redis answer cache gets the change log from the ingesting process
+        (:func:`rag.cache.push_changes`), and the embedder must be named in the settings."""
+        if "state" not in self.__dict__ and self.servers_only and (
+                self._state_factory is None  # built without one (a library user's Services)
+                or (not self.shared_state and not (self.data_dir / "state.db").exists())):
             return None
         return self.state
 

@@ -71,6 +71,7 @@ def test_on_servers_only_a_process_without_a_state_reads_none(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "state.db").touch()
     assert services.query_state is not None and opened
+    assert Services(settings).query_state is None  # built with no state at all: answering needs none
 
 
 def test_a_shared_state_or_a_local_accelerator_keeps_the_state_in_the_query_path(tmp_path):
