@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 
 from ingest.state_sql import (
@@ -88,8 +90,34 @@ def chunk_from_json(text: str) -> Chunk:
     return Chunk(**data)
 
 
-_GET_CHUNKS = sa.select(_chunks.c.id, _chunks.c.data).where(_chunks.c.id.in_(sa.bindparam("ids", expanding=True)))
+# Statements built once: building and keying a statement costs more than SQLite running it.
 _CHUNK_HASHES = sa.select(_chunks.c.id, _chunks.c.hash).where(_chunks.c.doc_id == sa.bindparam("doc_id"))
+_DOC_SOURCE = sa.select(documents.c.source).where(documents.c.id == sa.bindparam("doc_id"))
+_DELETE_DOC_CHUNKS = sa.delete(_chunks).where(_chunks.c.doc_id == sa.bindparam("doc_id"))
+_DELETE_DOC = sa.delete(documents).where(documents.c.id == sa.bindparam("doc_id"))
+_TOUCH_DOC = sa.update(documents).where(documents.c.id == sa.bindparam("doc_id")).values(
+    etag=sa.bindparam("new_etag"), last_modified=sa.bindparam("new_last_modified"),
+    fetched_at=sa.bindparam("new_fetched_at"))
+_INSERT_CHUNK = sa.insert(_chunks)
+_INSERT_CHANGE = sa.insert(changes)
+_INSERT_RUN = sa.insert(runs)
+_RUN_PROGRESS = sa.update(runs).where(runs.c.id == sa.bindparam("run_id"), runs.c.status == "running").values(
+    report=sa.bindparam("new_report"))
+_FINISH_RUN = sa.update(runs).where(runs.c.id == sa.bindparam("run_id")).values(
+    finished_at=sa.bindparam("new_finished_at"), status=sa.bindparam("new_status"), report=sa.bindparam("new_report"))
+_TRIM_LOG = sa.delete(changes).where(changes.c.at < sa.bindparam("before"))
+
+
+@functools.lru_cache(maxsize=64)
+def _sqlite_sql(n: int) -> str:
+    return str(_get_chunks(n).compile(dialect=sqlite.dialect()))
+
+
+@functools.lru_cache(maxsize=64)
+def _get_chunks(n: int) -> sa.Select[Any]:
+    """``get_chunks`` of ``n`` ids, one statement per count (an expanding IN is rendered anew
+    at every call, which doubles the time of a small hydration on SQLite)."""
+    return sa.select(_chunks.c.id, _chunks.c.data).where(_chunks.c.id.in_([sa.bindparam(f"i{k}") for k in range(n)]))
 _LAST_CHANGE = sa.select(sa.func.coalesce(sa.func.max(changes.c.seq), 0))
 # Every write on PostgreSQL holds this lock until it commits, as BEGIN IMMEDIATE does on SQLite:
 # change-log sequence numbers then commit in their order, so a reader that has seen seq N never
@@ -131,7 +159,11 @@ class StateDB:
             # transaction to finish (WAL readers never wait for a writer).
             self._db = self._engine.connect()
             self._watch = self._engine.connect()
-            self._watch_raw: Any = self._watch.connection.dbapi_connection  # a sqlite3.Connection
+            self._db_raw: Any = self._db.connection.dbapi_connection  # sqlite3.Connections
+            self._watch_raw: Any = self._watch.connection.dbapi_connection
+        upsert = dialect_insert(self._engine, documents)
+        self._upsert_doc = upsert.on_conflict_do_update(
+            index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in documents.c if c.name != "id"})
         self.log_id = self.get_meta("log_id") or self._new_log_id()
 
     def close(self) -> None:
@@ -233,16 +265,13 @@ class StateDB:
         row = {"id": doc.id, "source": doc.source, "url": doc.url, "title": doc.title, "text_hash": text_hash,
                "etag": etag, "last_modified": last_modified, "lang": doc.lang, "modified": _dt(doc.modified),
                "published": _dt(doc.published), "fetched_at": _dt(doc.fetched_at), "updated_at": time.time()}
-        upsert = dialect_insert(self._engine, documents).values(**row)
-        upsert = upsert.on_conflict_do_update(
-            index_elements=["id"], set_={k: upsert.excluded[k] for k in row if k != "id"})
         new = {c.id for c in chunks}
         with self._transaction() as conn:
             old = set(self._chunk_hashes(conn, doc.id))
-            conn.execute(upsert)
-            conn.execute(sa.delete(_chunks).where(_chunks.c.doc_id == doc.id))
+            conn.execute(self._upsert_doc, row)
+            conn.execute(_DELETE_DOC_CHUNKS, {"doc_id": doc.id})
             if chunks:
-                conn.execute(sa.insert(_chunks), [
+                conn.execute(_INSERT_CHUNK, [
                     {"id": c.id, "doc_id": c.doc_id, "source": c.source, "ordinal": c.ordinal, "hash": c.hash,
                      "data": chunk_to_json(c)} for c in chunks])
             self._change(conn, doc.source, "chunks", old - new, len(new - old))
@@ -251,8 +280,8 @@ class StateDB:
                        fetched_at: datetime | None) -> None:
         """Update only the validators of a document whose text did not change."""
         with self._transaction() as conn:
-            conn.execute(sa.update(documents).where(documents.c.id == doc_id).values(
-                etag=etag, last_modified=last_modified, fetched_at=_dt(fetched_at)))
+            conn.execute(_TOUCH_DOC, {"doc_id": doc_id, "new_etag": etag, "new_last_modified": last_modified,
+                                      "new_fetched_at": _dt(fetched_at)})
 
     def delete_documents(self, doc_ids: Iterable[str]) -> int:
         """Delete documents and their chunks, logging the chunks that left, in one transaction;
@@ -263,12 +292,12 @@ class StateDB:
         removed = 0
         with self._transaction() as conn:
             for doc_id in ids:
-                source = conn.execute(sa.select(documents.c.source).where(documents.c.id == doc_id)).scalar()
+                source = conn.execute(_DOC_SOURCE, {"doc_id": doc_id}).scalar()
                 gone = set(self._chunk_hashes(conn, doc_id))
                 removed += len(gone)
                 self._change(conn, source or "", "chunks", gone, 0)
-                conn.execute(sa.delete(_chunks).where(_chunks.c.doc_id == doc_id))
-                conn.execute(sa.delete(documents).where(documents.c.id == doc_id))
+                conn.execute(_DELETE_DOC_CHUNKS, {"doc_id": doc_id})
+                conn.execute(_DELETE_DOC, {"doc_id": doc_id})
         return removed
 
     # -- the change log -----------------------------------------------------------------
@@ -282,8 +311,8 @@ class StateDB:
         """Log a change in the caller's transaction; returns its sequence number."""
         if kind == "chunks" and not removed and not added:
             return None  # a reindex that changed nothing logs nothing
-        result = conn.execute(sa.insert(changes).values(
-            at=time.time(), source=source, kind=kind, removed=json.dumps(sorted(removed)), added=added))
+        result = conn.execute(_INSERT_CHANGE, {"at": time.time(), "source": source, "kind": kind,
+                                               "removed": json.dumps(sorted(removed)), "added": added})
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def log_purge(self, source: str | None = None) -> int:
@@ -341,8 +370,16 @@ class StateDB:
         out: dict[str, Chunk] = {}
         ids = list(chunk_ids)
         for start in range(0, len(ids), 500):
-            for r in self._rows(_GET_CHUNKS, {"ids": ids[start:start + 500]}):
-                out[r.id] = chunk_from_json(r.data)
+            part = ids[start:start + 500]
+            if self._pg:
+                rows = [tuple(r) for r in self._rows(_get_chunks(len(part)), {f"i{k}": v for k, v in enumerate(part)})]
+            else:
+                # The hydration of every page of hits on the embedded default: the statement's SQL
+                # straight on the sqlite3 connection, as fast as the state was before SQLAlchemy.
+                with self._lock:
+                    rows = self._db_raw.execute(_sqlite_sql(len(part)), part).fetchall()
+            for chunk_id, data in rows:
+                out[chunk_id] = chunk_from_json(data)
         return out
 
     def iter_chunks(self, source: str | None = None) -> Iterator[Chunk]:
@@ -355,23 +392,22 @@ class StateDB:
     # -- runs and counts ----------------------------------------------------------------
     def start_run(self, source: str, mode: str) -> int:
         with self._transaction() as conn:
-            result = conn.execute(sa.insert(runs).values(
-                source=source, mode=mode, started_at=time.time(), status="running"))
+            result = conn.execute(_INSERT_RUN, {"source": source, "mode": mode, "started_at": time.time(),
+                                                "status": "running"})
             return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def run_progress(self, run_id: int, progress: dict[str, Any]) -> None:
         """Record a running run's progress (``ingest.progress``), read back by :meth:`last_run`
         as its ``progress`` while its status is ``running``."""
         with self._transaction() as conn:
-            conn.execute(sa.update(runs).where(runs.c.id == run_id, runs.c.status == "running").values(
-                report=json.dumps({"progress": progress})))
+            conn.execute(_RUN_PROGRESS, {"run_id": run_id, "new_report": json.dumps({"progress": progress})})
 
     def finish_run(self, run_id: int, status: str, report: dict[str, Any]) -> None:
         now = time.time()
         with self._transaction() as conn:
-            conn.execute(sa.update(runs).where(runs.c.id == run_id).values(
-                finished_at=now, status=status, report=json.dumps(report, default=str)))
-            conn.execute(sa.delete(changes).where(changes.c.at < now - CHANGE_LOG_S))
+            conn.execute(_FINISH_RUN, {"run_id": run_id, "new_finished_at": now, "new_status": status,
+                                       "new_report": json.dumps(report, default=str)})
+            conn.execute(_TRIM_LOG, {"before": now - CHANGE_LOG_S})
 
     def last_run(self, source: str) -> dict[str, Any] | None:
         rows = self._rows(sa.select(runs).where(runs.c.source == source).order_by(runs.c.id.desc()).limit(1))
