@@ -143,7 +143,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, o
             "backend": "milvus", "uri": MILVUS_URI, "collection": collection}))
         cleanup.vector.drop()
         cleanup.close()
-        httpx.delete(f"{ES_URL}/{index}*", params={"expand_wildcards": "all"})
+        # (by name: Elasticsearch refuses deleting by a wildcard, action.destructive_requires_name)
+        names = httpx.get(f"{ES_URL}/_alias/{index}").json()
+        if isinstance(names, dict) and names and "error" not in names:
+            httpx.delete(f"{ES_URL}/{','.join(names)}").raise_for_status()
         import redis
 
         client = redis.Redis.from_url(REDIS_URL)
