@@ -239,7 +239,7 @@ class FileExperimentStore:
         try:
             st = os.stat(self.path)
             seen: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
+        except OSError:  # absent, or a data dir this process may not read: load() says which
             seen = None
         now = time.monotonic()
         if seen != self._seen or now - self._read_at >= self.refresh_s:
@@ -247,6 +247,8 @@ class FileExperimentStore:
                 self._value = self.load()
             except ConfigError as exc:  # keep serving the last good one
                 log.warning("%s", exc)
+            except OSError as exc:
+                log.warning("cannot read the experiment file %s (%s); keeping the last one read", self.path, exc)
             self._seen, self._read_at = seen, now
         return self._value
 

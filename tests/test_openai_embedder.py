@@ -88,7 +88,11 @@ def test_vectors_equal_the_local_models(make: Callable[..., OpenAIEmbedder], min
     assert float(query @ minilm.embed_query("how do I change my password")) > 0.9999
     assert int(np.argmax(remote @ query)) == 1
     bodies = server.calls()
-    assert [len(b["input"]) for b in bodies] == [2, 2, 1, 1]  # batches of 2, in order, then the query
+    # Batches of 2, in order, then the query. The SDK may send a batch again (a connection dropped
+    # under load): a retry repeats the same body, so count each distinct batch once.
+    batches = [b["input"] for i, b in enumerate(bodies) if i == 0 or b["input"] != bodies[i - 1]["input"]]
+    assert [len(inputs) for inputs in batches] == [2, 2, 1, 1]
+    assert [text for inputs in batches[:3] for text in inputs] == DOCS
     assert all(b["encoding_format"] == "float" and b["model"] == MODEL and "dimensions" not in b for b in bodies)
     assert all(b["truncate_prompt_tokens"] == 256 for b in bodies)  # vLLM (it serves /tokenize): cut, not refused
     assert embedder.embed_documents([]).shape == (0, 384)
