@@ -22,7 +22,7 @@ from typing import Any
 
 # kind-group-version, named as kubeconform and kubernetes-validate name them
 KINDS = ["configmap-v1", "deployment-apps-v1", "horizontalpodautoscaler-autoscaling-v2", "namespace-v1",
-         "persistentvolumeclaim-v1", "poddisruptionbudget-policy-v1", "service-v1"]
+         "persistentvolumeclaim-v1", "poddisruptionbudget-policy-v1", "service-v1", "statefulset-apps-v1"]
 
 
 def inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:

@@ -58,7 +58,7 @@ def test_the_scrape_config_is_valid(tmp_path):
 
 # -- infra/compose.yaml ------------------------------------------------------------------------
 TEST_VALUES = {"RAGQA_IMAGE": "ragqa:test", "ELASTIC_PASSWORD": "es-secret", "MINIO_SECRET_KEY": "minio-secret",
-               "GRAFANA_ADMIN_PASSWORD": "grafana-secret",
+               "GRAFANA_ADMIN_PASSWORD": "grafana-secret", "POSTGRES_PASSWORD": "pg-secret",
                "RAGQA_API_KEYS": '[{"id": "ops", "hash": "sha256:' + "0" * 64 + '", "scopes": ["admin"]}]'}
 _VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
 
@@ -98,7 +98,7 @@ def test_compose_file_follows_the_compose_specification():
     doc = compose()
     jsonschema.validate(doc, schema)  # raises with the path of the first violation
     services = doc["services"]
-    assert {"elasticsearch", "etcd", "minio", "milvus", "redis", "vllm", "ragqa-api", "ragqa-scheduler",
+    assert {"elasticsearch", "etcd", "minio", "milvus", "postgres", "redis", "vllm", "ragqa-api", "ragqa-scheduler",
             "prometheus", "grafana"} <= set(services)
     assert all("healthcheck" in s for name, s in services.items() if name != "dcgm-exporter")
     assert "allkeys-lfu" in services["redis"]["command"]
@@ -115,8 +115,29 @@ def test_compose_file_follows_the_compose_specification():
 
 
 def test_compose_refuses_to_start_without_its_secrets():
-    with pytest.raises(AssertionError, match="ELASTIC_PASSWORD"):
-        compose({k: v for k, v in TEST_VALUES.items() if k != "ELASTIC_PASSWORD"})
+    for secret in ("ELASTIC_PASSWORD", "POSTGRES_PASSWORD"):
+        with pytest.raises(AssertionError, match=secret):
+            compose({k: v for k, v in TEST_VALUES.items() if k != secret})
+
+
+def test_ragqa_shares_its_state_through_the_postgresql_of_the_compose_file_and_no_volume():
+    from sqlalchemy import make_url
+
+    services = compose()["services"]
+    pg = services["postgres"]
+    assert re.fullmatch(r"postgres:\d+\.\d+", pg["image"]) and pg["healthcheck"]["test"][1] == "pg_isready"
+    volumes = {}
+    for name in ("ragqa-api", "ragqa-scheduler"):
+        service = services[name]
+        url = make_url(service["environment"]["RAG_STATE__URL"])
+        assert (url.drivername, url.host, url.port) == ("postgresql+psycopg", "postgres", 5432)
+        assert (url.username, url.database) == (pg["environment"]["POSTGRES_USER"], pg["environment"]["POSTGRES_DB"])
+        assert url.password is None and service["environment"]["PGPASSWORD"] == pg["environment"]["POSTGRES_PASSWORD"]
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
+        volumes[name] = {v.split(":")[0] for v in service.get("volumes", [])}
+    assert not volumes["ragqa-api"] & volumes["ragqa-scheduler"], volumes
+    api = services["ragqa-api"]
+    assert api["environment"]["PROMETHEUS_MULTIPROC_DIR"] in api["tmpfs"]
 
 
 @pytest.mark.parametrize("service", ["ragqa-api", "ragqa-scheduler"])

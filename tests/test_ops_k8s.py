@@ -3,7 +3,9 @@ rendered by kustomize (the standalone binary, or the one built into kubectl), ev
 object is validated against its kind's Kubernetes 1.33 JSON schema (standalone-strict, shipped
 in infra/schemas/k8s), and the environment of the ragqa containers is loaded into ragqa's
 Settings. The other checks are the ones a reviewer would make by eye: probes on the right
-paths, one scheduler, tensor parallelism matching the GPUs, the autoscaler's metric served."""
+paths, a scheduler with a standby only where the lease makes it safe, ragqa on the PostgreSQL it
+deploys, no volume shared between pods, tensor parallelism matching the GPUs, the autoscaler's
+metric served."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ pytestmark = pytest.mark.skipif(KUSTOMIZE is None, reason="neither kustomize nor
 # missing (unless optional), as compose refuses a ${VAR:?} that is unset.
 SECRETS = {("ragqa-secrets", "elastic-password"): "es-secret",
            ("ragqa-secrets", "api-keys"): '[{"id": "ops", "hash": "sha256:' + "0" * 64 + '", "scopes": ["admin"]}]',
-           ("ragqa-secrets", "hf-token"): ""}
+           ("ragqa-secrets", "hf-token"): "", ("ragqa-secrets", "postgres-password"): "pg-secret"}
 
 
 @cache
@@ -61,11 +63,15 @@ def objects(kustomization: str, kind: str) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in render(kustomization) if o["kind"] == kind}
 
 
-def deployment(kustomization: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A Deployment and its one container."""
-    dep = objects(kustomization, "Deployment")[name]
+def deployment(kustomization: str, name: str, kind: str = "Deployment") -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Deployment (or another workload ``kind``) and its one container."""
+    dep = objects(kustomization, kind)[name]
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     return dep, container
+
+
+def workloads(kustomization: str) -> list[dict[str, Any]]:
+    return [*objects(kustomization, "Deployment").values(), *objects(kustomization, "StatefulSet").values()]
 
 
 @cache
@@ -94,11 +100,11 @@ def violations(doc: dict[str, Any]) -> list[str]:
 def test_every_rendered_object_follows_its_kubernetes_schema(kustomization):
     docs = render(kustomization)
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "PersistentVolumeClaim"} <= kinds
+    assert {"Deployment", "StatefulSet", "Service", "ConfigMap", "HorizontalPodAutoscaler",
+            "PersistentVolumeClaim"} <= kinds
     found = [v for doc in docs for v in violations(doc)]
     assert not found, "\n".join(found)
-    images = [c["image"] for d in objects(kustomization, "Deployment").values()
-              for c in d["spec"]["template"]["spec"]["containers"]]
+    images = [c["image"] for d in workloads(kustomization) for c in d["spec"]["template"]["spec"]["containers"]]
     assert all(re.search(r":[\w.-]+$", i) for i in images if i != "ragqa"), images  # pinned tags
     if kustomization != "base":  # an overlay names the real ragqa image
         assert "ragqa" not in images and {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} \
@@ -121,11 +127,11 @@ def selects(selector: dict[str, str], dep: dict[str, Any]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def service_port(kustomization: str, service: str, dep_name: str) -> int:
-    """The Service's port, after checking that it selects the Deployment's pods and that its
+def service_port(kustomization: str, service: str, dep_name: str, kind: str = "Deployment") -> int:
+    """The Service's port, after checking that it selects the workload's pods and that its
     targetPort is one of the container's ports."""
     svc = objects(kustomization, "Service")[service]
-    dep, container = deployment(kustomization, dep_name)
+    dep, container = deployment(kustomization, dep_name, kind)
     assert selects(svc["spec"]["selector"], dep)
     (port,) = svc["spec"]["ports"]
     assert port["targetPort"] in {p.get("name") for p in container["ports"]} | {p["containerPort"]
@@ -146,10 +152,26 @@ def test_the_api_is_probed_on_ready_and_health_and_has_resources(kustomization):
     assert service_port(kustomization, "ragqa-api", "ragqa-api") == 8000
     (pdb,) = objects(kustomization, "PodDisruptionBudget").values()
     assert selects(pdb["spec"]["selector"]["matchLabels"], dep)
+    # The state is in PostgreSQL: the data directory is the pod's own (the QA log), nothing shared.
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["data"]["persistentVolumeClaim"]["claimName"] in objects(kustomization, "PersistentVolumeClaim")
-    pvc = objects(kustomization, "PersistentVolumeClaim")["ragqa-data"]
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # every API pod and the scheduler share it
+    mounts = {m["name"]: m["mountPath"] for m in api["volumeMounts"]}
+    assert "emptyDir" in volumes["data"] and mounts["data"] == container_env(kustomization, api)["RAG_DATA_DIR"]
+    assert "emptyDir" in volumes["metrics"] and mounts["metrics"] == container_env(kustomization, api)[
+        "PROMETHEUS_MULTIPROC_DIR"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_no_volume_is_shared_between_pods(kustomization):
+    pvcs = objects(kustomization, "PersistentVolumeClaim")
+    claims = [t["spec"] for s in objects(kustomization, "StatefulSet").values()
+              for t in s["spec"]["volumeClaimTemplates"]] + [p["spec"] for p in pvcs.values()]
+    assert claims and all(c["accessModes"] == ["ReadWriteOnce"] for c in claims), claims
+    users: dict[str, list[str]] = {}
+    for dep in workloads(kustomization):
+        for volume in dep["spec"]["template"]["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                users.setdefault(volume["persistentVolumeClaim"]["claimName"], []).append(dep["metadata"]["name"])
+    assert users == {"vllm-model-cache": ["vllm"]}  # and vLLM runs one pod (Recreate, below)
 
 
 def adapter_metrics() -> dict[str, tuple[str, str]]:
@@ -192,13 +214,61 @@ def test_the_api_scales_on_questions_per_second_served_by_the_adapter_with_cpu_a
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
-def test_exactly_one_scheduler_runs(kustomization):
+def test_the_scheduler_has_a_standby_that_the_lease_on_the_shared_state_keeps_waiting(kustomization, tmp_path,
+                                                                                        monkeypatch):
+    from ingest.leader import AdvisoryLease, lease_for
+
     dep, scheduler = deployment(kustomization, "ragqa-scheduler")
     assert scheduler["command"] == ["ragqa", "schedule"]
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"]["type"] == "Recreate"  # never two during a rollout
+    assert dep["spec"]["replicas"] == 2
     autoscaled = {h["spec"]["scaleTargetRef"]["name"] for h in objects(kustomization, "HorizontalPodAutoscaler").values()}
     assert "ragqa-scheduler" not in autoscaled
+    # Two are safe only because they share one lease: an advisory lock in the PostgreSQL state. A
+    # SQLite state's lease is a file lock, which pods with data directories of their own never share.
+    lease = lease_for(settings_of(kustomization, scheduler, monkeypatch).state_url, tmp_path)
+    try:
+        assert isinstance(lease, AdvisoryLease)
+    finally:
+        lease.release()  # never acquired: no connection was made
+    terms = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert any(selects(t["podAffinityTerm"]["labelSelector"]["matchLabels"], dep) for t in terms)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_ragqa_keeps_its_state_in_the_postgresql_it_deploys(kustomization, monkeypatch):
+    from sqlalchemy import make_url
+
+    sts, pg = deployment(kustomization, "postgres", "StatefulSet")
+    assert re.fullmatch(r"postgres:\d+\.\d+", pg["image"]), pg["image"]
+    assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == "postgres"
+    port = service_port(kustomization, "postgres", "postgres", "StatefulSet")
+    pg_env = {v["name"]: v for v in pg["env"]}
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in pg["volumeMounts"]}
+    assert pg_env["PGDATA"]["value"].startswith(mounts[template["metadata"]["name"]] + "/")
+    assert pg["readinessProbe"]["exec"]["command"][0] == "pg_isready"
+    # the server drops a dead node's session, and with it the scheduler's lease, within minutes
+    conf = dict(a.split("=", 1) for a in pg["args"] if "=" in a)  # its -c settings
+    assert int(conf["tcp_keepalives_idle"]) + int(conf["tcp_keepalives_interval"]) * int(
+        conf["tcp_keepalives_count"]) <= 180
+    # every ragqa process (a pod's workers and the one supervising them) at its pool's size
+    from ingest.state_sql import make_engine
+
+    pool = make_engine("postgresql+psycopg://ragqa@postgres/ragqa").pool.size()
+    (hpa,) = objects(kustomization, "HorizontalPodAutoscaler").values()
+    api = deployment(kustomization, "ragqa-api")[1]["command"]
+    processes = hpa["spec"]["maxReplicas"] * (int(api[api.index("--workers") + 1]) + 1) + \
+        deployment(kustomization, "ragqa-scheduler")[0]["spec"]["replicas"] + 1  # and a rollout's extra one
+    assert int(conf["max_connections"]) >= processes * pool, (processes, pool, conf["max_connections"])
+    for name in ("ragqa-api", "ragqa-scheduler"):
+        container = deployment(kustomization, name)[1]
+        url = make_url(settings_of(kustomization, container, monkeypatch).state_url)
+        assert (url.drivername, url.host, url.port) == ("postgresql+psycopg", "postgres", port)
+        assert (url.username, url.database) == (pg_env["POSTGRES_USER"]["value"], pg_env["POSTGRES_DB"]["value"])
+        assert url.password is None  # libpq reads PGPASSWORD: the same secret key the server's password is
+        password = next(v for v in container["env"] if v["name"] == "PGPASSWORD")
+        assert password["valueFrom"] == pg_env["POSTGRES_PASSWORD"]["valueFrom"]
 
 
 def arg(args: list[str], flag: str) -> str | None:
@@ -248,22 +318,28 @@ def container_env(kustomization: str, container: dict[str, Any]) -> dict[str, st
     return env
 
 
+def settings_of(kustomization: str, container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """ragqa's Settings in ``container``'s environment (and none of this process's RAG_ variables)."""
+    from rag.config import Settings
+
+    for key in [k for k in os.environ if k.startswith("RAG_")]:
+        monkeypatch.delenv(key)
+    for key, value in container_env(kustomization, container).items():
+        monkeypatch.setenv(key, value)
+    return Settings.load(None)
+
+
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 @pytest.mark.parametrize("name", ["ragqa-api", "ragqa-scheduler"])
 def test_every_rag_variable_of_a_ragqa_container_is_a_setting_and_validates(kustomization, name, monkeypatch):
-    from rag.config import Settings
-
     env = container_env(kustomization, deployment(kustomization, name)[1])
     names = [k for k in env if k.startswith("RAG_")]
     assert names and all(setting_path_exists(k) for k in names), [k for k in names if not setting_path_exists(k)]
-    for key in [k for k in os.environ if k.startswith("RAG_")]:
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    settings = Settings.load(None)
+    settings = settings_of(kustomization, deployment(kustomization, name)[1], monkeypatch)
     assert settings.lexical.backend == "elasticsearch" and settings.vector.backend == "milvus"
     assert settings.generator.backend == "openai" and settings.cache.backend == "redis"
     assert settings.lexical.password is not None and settings.lexical.password.get_secret_value() == "es-secret"
+    assert settings.state.url is not None and settings.state.url.startswith("postgresql")
     if name == "ragqa-api":
         assert [k.id for k in settings.serve.api_keys] == ["ops"]
     # the generator is this deployment's vLLM, serving the model ragqa asks for
@@ -275,7 +351,7 @@ def test_every_rag_variable_of_a_ragqa_container_is_a_setting_and_validates(kust
 
 def test_the_documented_secret_has_every_key_the_manifests_read():
     keys = {v["valueFrom"]["secretKeyRef"]["key"] for k in KUSTOMIZATIONS
-            for d in objects(k, "Deployment").values() for c in d["spec"]["template"]["spec"]["containers"]
+            for d in workloads(k) for c in d["spec"]["template"]["spec"]["containers"]
             for v in c.get("env", []) if "valueFrom" in v}
     assert keys == {key for _, key in SECRETS}
     for doc in (K8S / "base/kustomization.yaml", INFRA / "README.md"):
