@@ -151,7 +151,9 @@ class StateDB:
         self._watch_lock = threading.Lock()
         create_tables(self._engine)
         if self._pg:
-            self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+            # Reads on a pool of their own without pre-ping, a round trip saved on each
+            # (see _pg_rows); writes keep pre-ping, as a write is not retried.
+            self._reader = make_engine(self.url, pre_ping=False).execution_options(isolation_level="AUTOCOMMIT")
         else:
             # One connection for writes and reads (SQLite has one writer), and a second only for
             # the change log and ``PRAGMA data_version``: that moves at every commit of any other
@@ -172,28 +174,34 @@ class StateDB:
                 self._db.close()
             with self._watch_lock:
                 self._watch.close()
+        else:
+            self._reader.engine.dispose()
         self._engine.dispose()
 
     # -- connections ----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[Connection]:
+    def _rows(self, stmt: sa.Executable, args: dict[str, Any] | None = None, *,
+              watched: bool = False) -> list[sa.Row[Any]]:
+        """A read. On SQLite ``watched`` reads the change log on the second connection: the
+        answer cache reads it on the event loop, and a reindex holding the main connection for
+        a write must not make it wait."""
         if self._pg:
-            with translated(self._engine), self._reader.connect() as conn:
-                yield conn
-        else:
-            with self._lock:
-                yield self._db
+            return self._pg_rows(stmt, args or {})
+        lock, conn = (self._watch_lock, self._watch) if watched else (self._lock, self._db)
+        with lock:
+            return list(conn.execute(stmt, args or {}).fetchall())
 
-    @contextlib.contextmanager
-    def _watched(self) -> Iterator[Connection]:
-        """A read of the change log: the answer cache reads it on the event loop, and a reindex
-        holding the main connection for a write must not make it wait."""
-        if self._pg:
-            with translated(self._engine), self._reader.connect() as conn:
-                yield conn
-        else:
-            with self._watch_lock:
-                yield self._watch
+    def _pg_rows(self, stmt: sa.Executable, args: dict[str, Any]) -> list[sa.Row[Any]]:
+        """A read on a pooled connection. One the server dropped (a restart, an idle timeout)
+        fails once, which empties the pool, and the read is retried on a fresh connection."""
+        with translated(self._engine):
+            for attempt in range(2):
+                try:
+                    with self._reader.connect() as conn:
+                        return list(conn.execute(stmt, args).fetchall())
+                except sa.exc.DBAPIError as exc:
+                    if attempt or not exc.connection_invalidated:
+                        raise
+        raise AssertionError("unreachable")
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Connection]:
@@ -211,10 +219,6 @@ class StateDB:
                 self._db.exec_driver_sql("ROLLBACK")
                 raise
             self._db.exec_driver_sql("COMMIT")
-
-    def _rows(self, stmt: sa.Executable, args: dict[str, Any] | None = None) -> list[sa.Row[Any]]:
-        with self._read() as conn:
-            return list(conn.execute(stmt, args or {}).fetchall())
 
     # -- meta ---------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -326,17 +330,15 @@ class StateDB:
         On SQLite a few microseconds (``PRAGMA data_version``), never waiting for a write in
         progress; on PostgreSQL one indexed query."""
         if self._pg:
-            with self._watched() as conn:
-                return conn.execute(_LAST_CHANGE).scalar()
+            return self._rows(_LAST_CHANGE)[0][0]
         with self._watch_lock:
             return self._watch_raw.execute("PRAGMA data_version").fetchone()[0]
 
     def changes_since(self, seq: int) -> list[IndexChange]:
         c = changes.c
         stmt = sa.select(c.seq, c.source, c.kind, c.removed, c.added).where(c.seq > seq).order_by(c.seq)
-        with self._watched() as conn:
-            rows = conn.execute(stmt).fetchall()
-        return [IndexChange(int(r[0]), r[1], r[2], tuple(json.loads(r[3])), int(r[4])) for r in rows]
+        rows = self._rows(stmt, watched=True)
+        return [IndexChange(int(r.seq), r.source, r.kind, tuple(json.loads(r.removed)), int(r.added)) for r in rows]
 
     def change_summary(self, since_s: float = 86_400) -> dict[str, Any]:
         """The change log at a glance: its last sequence number, and what the last ``since_s``
@@ -353,8 +355,7 @@ class StateDB:
                 "chunks_removed": int(row.removed), "chunks_added": int(row.added), "purges": int(row.purges)}
 
     def last_change(self) -> int:
-        with self._watched() as conn:
-            return int(conn.execute(_LAST_CHANGE).scalar() or 0)
+        return int(self._rows(_LAST_CHANGE, watched=True)[0][0] or 0)
 
     # -- chunks -------------------------------------------------------------------------
     @staticmethod
@@ -363,8 +364,7 @@ class StateDB:
 
     def chunk_hashes(self, doc_id: str) -> dict[str, str]:
         """Chunk id -> text hash for one document."""
-        with self._read() as conn:
-            return self._chunk_hashes(conn, doc_id)
+        return {r.id: r.hash for r in self._rows(_CHUNK_HASHES, {"doc_id": doc_id})}
 
     def get_chunks(self, chunk_ids: Sequence[str]) -> dict[str, Chunk]:
         out: dict[str, Chunk] = {}
@@ -447,6 +447,5 @@ class StateDB:
         nchunks = sa.select(sa.func.count()).select_from(_chunks)
         if source:
             ndocs, nchunks = ndocs.where(documents.c.source == source), nchunks.where(_chunks.c.source == source)
-        with self._read() as conn:
-            return int(conn.execute(ndocs).scalar() or 0), int(conn.execute(nchunks).scalar() or 0)
+        return int(self._rows(ndocs)[0][0] or 0), int(self._rows(nchunks)[0][0] or 0)
 

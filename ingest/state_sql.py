@@ -74,8 +74,9 @@ def shown(url: str | URL) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``: SQLite in WAL mode, or PostgreSQL through psycopg 3."""
+def make_engine(url: str, *, pre_ping: bool = True) -> Engine:
+    """An engine for ``url``: SQLite in WAL mode, or PostgreSQL through psycopg 3 (``pre_ping``:
+    test each pooled connection before use, so one the server dropped is replaced silently)."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -99,8 +100,7 @@ def make_engine(url: str) -> Engine:
         import psycopg  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"state.url {shown(parsed)} needs psycopg 3: pip install 'ragqa[postgres]'") from exc
-    # pre_ping: a connection the server dropped (a restart, an idle timeout) is replaced, not an error
-    return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return sa.create_engine(parsed, pool_pre_ping=pre_ping, pool_size=5, max_overflow=10)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from rag.config import SourceConfig
 from rag.errors import BackendUnavailable, ConfigError
 from rag.types import Chunk, Document, Trust
 from tests.conftest import make_settings
-from tests.fixtures.postgres import STATE_DATABASES, state_database
+from tests.fixtures.postgres import NO_POSTGRES, POSTGRES_URL, STATE_DATABASES, fresh_schema, state_database
 
 
 @pytest.fixture(params=STATE_DATABASES)
@@ -275,3 +275,32 @@ def test_an_unreachable_postgresql_is_a_backend_error() -> None:
 def test_an_unsupported_database_url_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="state.url"):
         make_settings(tmp_path, state={"url": "mysql://root@127.0.0.1/ragqa"})
+
+
+@pytest.mark.integration
+def test_connections_the_server_dropped_are_replaced(tmp_path: Path) -> None:
+    """After PostgreSQL ends the state's sessions (a restart, an idle timeout), the next read
+    and the next write still work: the read retries once on a fresh connection, the write's
+    pool tests its connection first."""
+    import sqlalchemy as sa
+
+    if not POSTGRES_URL:
+        pytest.skip(NO_POSTGRES)
+    with fresh_schema("dropped") as url:
+        state = StateDB(url)
+        try:
+            state.set_meta("k", "v")
+            assert state.get_meta("k") == "v"
+            admin = sa.create_engine(POSTGRES_URL, poolclass=sa.pool.NullPool)
+            with admin.connect() as conn:
+                ended = conn.execute(sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename = current_user "
+                    "AND application_name = '' AND backend_type = 'client backend'")).scalar()
+            admin.dispose()
+            assert ended and ended >= 2  # the reader's and the writer's pooled sessions
+            assert state.get_meta("k") == "v"
+            state.set_meta("k", "w")
+            assert state.get_meta("k") == "w"
+        finally:
+            state.close()
