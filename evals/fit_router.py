@@ -166,17 +166,9 @@ class _Grid:
     def rules(self, at: tuple[int, ...]) -> RouterRules:
         lv = {name: self.levels[name][i] for name, i in zip(self.levels, at, strict=True)}
         return RouterRules(small_kinds=KINDS[int(lv["kinds"])], max_question_tokens=int(lv["tokens"]),
-                           min_top_score=_round(lv["top"]), min_margin=_round(lv["margin"]),
-                           min_agreement=round(float(lv["agreement"]), 4), max_chunks=int(lv["chunks"]))
-
-
-def _round(x: float) -> float:
-    """Rounded down to 4 significant digits, so a threshold at an observed value still admits it."""
-    x = float(x)
-    if x <= 0:
-        return 0.0
-    scale = 10 ** (int(np.floor(np.log10(x))) - 3)
-    return float(f"{np.floor(x / scale) * scale:.4g}")
+                           # exact: scores a rounding apart (1/61 and a hair below) route differently
+                           min_top_score=float(lv["top"]), min_margin=float(lv["margin"]),
+                           min_agreement=float(lv["agreement"]), max_chunks=int(lv["chunks"]))
 
 
 def routed_mask(rules: RouterRules, d: _Data) -> np.ndarray:

@@ -53,6 +53,8 @@ def test_the_fit_routes_the_easy_questions_within_the_loss_budget() -> None:
     assert 0.4 < report["good_share"] < 0.6
     rules = RouterRules(**report["rules"])
     assert 0.008 <= rules.min_margin <= 0.0105  # the margin rule carries the fit
+    for budget in (0.0, 3.0):  # the thresholds as pasted keep the fit's loss on the questions it saw
+        assert fit_router([(small, large)], max_loss=budget, resamples=1000)["in_sample"]["delta"] >= -budget
     assert report["in_sample"]["delta"] >= -1.0 and report["in_sample"]["precision"] > 0.95
     cv = report["cv"]  # held-out folds: close to the half that is easy, and close to no loss
     assert 0.3 < cv["share"] < 0.65
