@@ -252,15 +252,18 @@ def test_ragqa_keeps_its_state_in_the_postgresql_it_deploys(kustomization, monke
     conf = dict(a.split("=", 1) for a in pg["args"] if "=" in a)  # its -c settings
     assert int(conf["tcp_keepalives_idle"]) + int(conf["tcp_keepalives_interval"]) * int(
         conf["tcp_keepalives_count"]) <= 180
-    # every ragqa process (a pod's workers and the one supervising them) at its pool's size
+    # Room for every ragqa process at the autoscaler's largest: each keeps a pool for reads and a
+    # connection for writes (ingest/state.py; an API process writes little), and a scheduler
+    # also its job store's pool and its lease's connection.
     from ingest.state_sql import make_engine
 
     pool = make_engine("postgresql+psycopg://ragqa@postgres/ragqa").pool.size()
     (hpa,) = objects(kustomization, "HorizontalPodAutoscaler").values()
     api = deployment(kustomization, "ragqa-api")[1]["command"]
-    processes = hpa["spec"]["maxReplicas"] * (int(api[api.index("--workers") + 1]) + 1) + \
-        deployment(kustomization, "ragqa-scheduler")[0]["spec"]["replicas"] + 1  # and a rollout's extra one
-    assert int(conf["max_connections"]) >= processes * pool, (processes, pool, conf["max_connections"])
+    api_processes = hpa["spec"]["maxReplicas"] * (int(api[api.index("--workers") + 1]) + 1)  # + the supervisor
+    schedulers = deployment(kustomization, "ragqa-scheduler")[0]["spec"]["replicas"] + 1  # + a rollout's
+    needed = api_processes * (pool + 1) + schedulers * (2 * pool + 2)
+    assert int(conf["max_connections"]) >= needed, (needed, conf["max_connections"])
     for name in ("ragqa-api", "ragqa-scheduler"):
         container = deployment(kustomization, name)[1]
         url = make_url(settings_of(kustomization, container, monkeypatch).state_url)
