@@ -145,8 +145,10 @@ class StateDB:
             url = f"sqlite:///{Path(target)}"
         self.url = url
         self._engine = make_engine(url)
-        self.path: Path | None = Path(self._engine.url.database) if self._engine.url.database else None
         self._pg = self._engine.dialect.name == "postgresql"
+        database = self._engine.url.database
+        self.path: Path | None = None if self._pg or not database or database == ":memory:" else Path(database)
+        """The SQLite file, or None."""
         self._lock = threading.RLock()
         self._watch_lock = threading.Lock()
         create_tables(self._engine)

@@ -111,6 +111,7 @@ def test_another_instance_sees_writes_and_the_token_moves(state: StateDB, state_
     other = StateDB(state_url)
     try:
         assert other.log_id == state.log_id  # one log, named once
+        assert (state.path is None) == state_url.startswith("postgresql")
         token = other.change_token()
         d0 = doc(0)
         state.save_document(d0, "h", None, None, chunks_of(d0, ["alpha"]))
@@ -254,7 +255,7 @@ def test_a_state_db_of_the_raw_sqlite_releases_opens_and_keeps_working(tmp_path:
 
     state = StateDB(path)
     try:
-        assert state.log_id == "old-log" and state.get_meta("embedder") == "minilm"
+        assert state.path == path and state.log_id == "old-log" and state.get_meta("embedder") == "minilm"
         assert [s.name for s in state.sources()] == ["docs"] and state.counts() == (1, 2)
         assert state.get_chunks([c0[0].id]) == {c0[0].id: c0[0]}
         assert state.last_success("docs") == pytest.approx(now - 20)
