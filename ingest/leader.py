@@ -18,28 +18,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Protocol
 
 import sqlalchemy as sa
 from filelock import FileLock, Timeout
 
 from ingest.state_sql import make_engine, shown
+from rag.types import Lease
 
-__all__ = ["Lease", "AdvisoryLease", "FileLease", "lease_for"]
+__all__ = ["Lease", "AdvisoryLease", "FileLease", "lease_for", "write_lease_for"]
 
 log = logging.getLogger("ragqa.scheduler")
-
-
-class Lease(Protocol):
-    def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; True when this object holds it now."""
-        ...
-
-    def holds(self) -> bool:
-        """Whether this object still holds the lease (a lost connection loses it)."""
-        ...
-
-    def release(self) -> None: ...
 
 
 class AdvisoryLease:
@@ -115,6 +103,14 @@ class FileLease:
     def release(self) -> None:
         if self._lock.is_locked:
             self._lock.release()
+
+
+def write_lease_for(url: str) -> Lease | None:
+    """The write lock that instances sharing the state at ``url`` hold while they reindex: an
+    advisory lock on PostgreSQL; None for SQLite, where the data directory's lock is the one."""
+    if sa.make_url(url).get_backend_name() == "postgresql":
+        return AdvisoryLease(url, name="ragqa.write")
+    return None
 
 
 def lease_for(url: str, data_dir: Path) -> Lease:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ingest.leader import write_lease_for
 from ingest.state import StateDB
 from rag.config import Settings
 from rag.services import Services
@@ -27,7 +28,8 @@ __all__ = ["open_services", "open_state", "state_db"]
 def open_state(settings: Settings) -> StateDB:
     """The state at ``settings.state_url`` (``state.db`` in the data directory unless
     ``state.url`` names a shared database), with the sources the settings file declares added."""
-    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    if settings.state.url is None:  # a shared database needs no data directory
+        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     state = StateDB(settings.state_url)
     for source in settings.sources:
         state.add_source(source)
@@ -48,5 +50,8 @@ def state_db(services: Services) -> StateDB:
 
 def open_services(settings: Settings, embedder: Embedder | None = None,
                   generator: Generator | None = None) -> Services:
-    """``Services`` for ``settings`` whose ``state`` is the data directory's :class:`StateDB`."""
-    return Services(settings, embedder=embedder, generator=generator, state=open_state)
+    """``Services`` for ``settings`` whose ``state`` is the :class:`StateDB` at ``state.url``
+    (the data directory's by default), and whose write lock also holds the shared state's
+    (an advisory lock on PostgreSQL), so two instances never reindex at once."""
+    return Services(settings, embedder=embedder, generator=generator, state=open_state,
+                    shared_lock=lambda s: write_lease_for(s.state_url))

@@ -35,7 +35,7 @@ from filelock import FileLock, Timeout
 
 from rag.config import EmbedderSettings, Settings
 from rag.errors import ConfigError, DataDirLocked
-from rag.types import Chunk, Embedder, Filters, Generator, Hit, IndexState, LexicalIndex, VectorIndex
+from rag.types import Chunk, Embedder, Filters, Generator, Hit, IndexState, Lease, LexicalIndex, VectorIndex
 
 __all__ = ["AUTO_BACKENDS", "AUTO_MULTILINGUAL_SHARE", "Services"]
 
@@ -84,9 +84,12 @@ class Services:
 
     def __init__(self, settings: Settings, embedder: Embedder | None = None,
                  generator: Generator | None = None,
-                 state: Callable[[Settings], IndexState] | None = None) -> None:
+                 state: Callable[[Settings], IndexState] | None = None,
+                 shared_lock: Callable[[Settings], Lease | None] | None = None) -> None:
         self.settings = settings
         self._state_factory = state
+        self._shared_lock_factory = shared_lock
+        self._shared_lock: Lease | None = None
         self.data_dir = Path(settings.data_dir)
         self._embedder = embedder
         self._generator = generator
@@ -98,7 +101,9 @@ class Services:
     # -- the write lock -------------------------------------------------------------------
     @contextlib.contextmanager
     def write_lock(self) -> Iterator[None]:
-        """Hold the data directory for writing; a second writer gets ``DataDirLocked``."""
+        """Hold the data directory for writing, and the shared state's write lock when the
+        state is shared (PostgreSQL): a second writer, here or on another instance, gets
+        ``DataDirLocked``."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire(timeout=0)
@@ -108,9 +113,24 @@ class Services:
                 "(a reindex or the scheduler is running); try again when it finishes"
             ) from None
         try:
-            yield
+            shared = self._shared_write_lock()
+            if shared is not None and not shared.try_acquire():
+                raise DataDirLocked(
+                    "the shared state is locked by another ragqa instance (a reindex or its scheduler "
+                    "is running); try again when it finishes")
+            try:
+                yield
+            finally:
+                if shared is not None:
+                    shared.release()
         finally:
             self._lock.release()
+
+    def _shared_write_lock(self) -> Lease | None:
+        if self._shared_lock is None and self._shared_lock_factory is not None:
+            self._shared_lock = self._shared_lock_factory(self.settings)
+            self._shared_lock_factory = None
+        return self._shared_lock
 
     # -- components -----------------------------------------------------------------------
     @cached_property

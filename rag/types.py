@@ -397,6 +397,31 @@ class ChangeLog(Protocol):
     def last_change(self) -> int: ...
 
 
+class Lease(Protocol):
+    """A lock that one holder among several processes, or several machines, holds at a time: a
+    file lock on one machine, an advisory lock on a shared PostgreSQL state
+    (``ingest.leader``). The scheduler's lease and the shared write lock are leases.
+
+    Example::
+
+        if lease.try_acquire():
+            try:
+                ...  # while lease.holds()
+            finally:
+                lease.release()
+    """
+
+    def try_acquire(self) -> bool:
+        """Take the lease if nobody holds it; True when this object holds it now."""
+        ...
+
+    def holds(self) -> bool:
+        """Whether this object still holds the lease (a lost connection loses it)."""
+        ...
+
+    def release(self) -> None: ...
+
+
 @runtime_checkable
 class IndexState(ChangeLog, Protocol):
     """What the core reads and writes of ingestion's state (:attr:`rag.services.Services.state`):

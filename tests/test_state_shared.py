@@ -53,3 +53,23 @@ def test_another_process_sees_a_reindex_and_status_agrees(tmp_path: Path) -> Non
     assert theirs["data_dir"] != mine["data_dir"] and theirs["languages"] == mine["languages"] == {"en": 6}
     (notes,) = state_part(theirs)
     assert (notes["documents"], notes["last_run"]["mode"], notes["last_run"]["status"]) == (6, "incremental", "ok")
+
+
+def test_two_instances_never_reindex_at_once(tmp_path: Path) -> None:
+    from rag.errors import DataDirLocked
+
+    with fresh_schema("shared_write_lock") as url:
+        one = open_services(make_settings(tmp_path / "one", state={"url": url}))
+        two = open_services(make_settings(tmp_path / "two", state={"url": url}))
+        try:
+            with one.write_lock():
+                with pytest.raises(DataDirLocked, match="shared state is locked by another ragqa instance"):
+                    with two.write_lock():
+                        pass
+            with two.write_lock():  # free again once the first lets go, and again after that
+                pass
+            with one.write_lock():
+                pass
+        finally:
+            one.close()
+            two.close()
