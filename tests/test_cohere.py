@@ -34,6 +34,7 @@ from rag.rerank import make_reranker
 from rag.rerank.cohere import CohereReranker
 from rag.types import Chunk, Embedder, Hit, Reranker
 from tests.cohere_server import CohereServer, hash_embedding, serve_cohere
+from tests.embedder_suite import EmbedderSuite
 
 T = TypeVar("T")
 DOCS = [
@@ -216,6 +217,20 @@ def test_make_reranker_from_settings(server: CohereServer, closing: Callable, tm
 
 
 # --- the embedder ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_embedder() -> Iterator[CohereEmbedder]:
+    with serve_cohere() as running:
+        embedder = CohereEmbedder(api_key=running.api_key, base_url=running.base_url, max_retries=0)
+        yield embedder
+        embedder.close()
+
+
+class TestCohereEmbedderContract(EmbedderSuite):
+    @pytest.fixture
+    def embedder(self, served_embedder: CohereEmbedder) -> CohereEmbedder:
+        return served_embedder
 
 
 def test_embedder_input_types_unit_vectors_and_closeness(server: CohereServer, embedder: CohereEmbedder) -> None:

@@ -22,6 +22,7 @@ from rag.config import EmbedderSettings, SourceConfig
 from rag.embedders import make_embedder, onnx_export
 from rag.errors import ConfigError, EmbedderError
 from tests.conftest import make_settings
+from tests.embedder_suite import EmbedderSuite
 
 ROOT = Path(__file__).resolve().parents[1]
 XQUAD = ROOT / "tests" / "data" / "xquad-en"
@@ -44,6 +45,12 @@ def int8():
 def passages(n: int) -> list[str]:
     with (XQUAD / "corpus.jsonl").open(encoding="utf-8") as fh:
         return [json.loads(line)["text"] for line in fh][:n]
+
+
+class TestOnnxInt8Contract(EmbedderSuite):
+    @pytest.fixture
+    def embedder(self, int8):
+        return int8
 
 
 def test_int8_vectors_stay_close_to_fp32_on_real_passages(int8) -> None:

@@ -25,6 +25,7 @@ from rag.errors import BackendTimeout, BackendUnavailable, ConfigError, Embedder
 from rag.services import Services
 from rag.types import Embedder
 from tests.conftest import make_settings
+from tests.embedder_suite import EmbedderSuite
 from tests.embeddings_server import EmbeddingsServer, serve_embeddings
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -72,6 +73,20 @@ def make(server: EmbeddingsServer) -> Iterator[Callable[..., OpenAIEmbedder]]:
     yield build
     for embedder in made:
         embedder.close()
+
+
+@pytest.fixture(scope="module")
+def served(minilm: SentenceTransformerEmbedder) -> Iterator[OpenAIEmbedder]:
+    with serve_embeddings(MODEL, minilm.embed_documents, _tokenize(minilm), max_model_len=256) as running:
+        embedder = OpenAIEmbedder(running.base_url, MODEL, max_retries=2)
+        yield embedder
+        embedder.close()
+
+
+class TestOpenAIContract(EmbedderSuite):
+    @pytest.fixture
+    def embedder(self, served: OpenAIEmbedder) -> OpenAIEmbedder:
+        return served
 
 
 def test_vectors_equal_the_local_models(make: Callable[..., OpenAIEmbedder], minilm: SentenceTransformerEmbedder,
