@@ -35,6 +35,7 @@ from rag.rerank.cohere import CohereReranker
 from rag.types import Chunk, Embedder, Hit, Reranker
 from tests.cohere_server import CohereServer, hash_embedding, serve_cohere
 from tests.embedder_suite import EmbedderSuite
+from tests.reranker_suite import RerankerSuite
 
 T = TypeVar("T")
 DOCS = [
@@ -129,6 +130,22 @@ def test_fake_server_validates_like_cohere(server: CohereServer) -> None:
 
 
 # --- the reranker ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_reranker() -> Iterator[CohereReranker]:
+    with serve_cohere() as running:
+        reranker = CohereReranker(api_key=running.api_key, base_url=running.base_url, max_retries=0)
+        yield reranker
+        reranker.close()
+
+
+class TestCohereRerankerContract(RerankerSuite):
+    score_key = "cohere"
+
+    @pytest.fixture
+    def reranker(self, served_reranker: CohereReranker) -> CohereReranker:
+        return served_reranker
 
 
 def test_reranker_orders_by_relevance_and_keeps_explain(server: CohereServer, reranker: CohereReranker) -> None:

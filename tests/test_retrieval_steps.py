@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -12,7 +13,11 @@ from rag.errors import ConfigError
 from rag.rerank import CrossEncoderReranker, EmbeddingReranker, KeepOrder, make_reranker
 from rag.retrieval import HybridRetriever, boost_recent, drop_near_duplicates
 from rag.types import Chunk, Hit, Reranker
+from ingest.services import open_services
+from rag.services import Services
+from tests.conftest import make_settings
 from tests.corpus import doc_text
+from tests.reranker_suite import HITS, RerankerSuite
 
 NOW = datetime(2025, 6, 2, tzinfo=UTC)
 
@@ -204,3 +209,39 @@ def test_the_cross_encoder_reranker_orders_by_the_models_scores(tiny_cross_encod
         indexed.settings = saved
     scores = [h.explain["cross_encoder"] for h in result.hits]
     assert len(result.hits) == 5 and scores == sorted(scores, reverse=True) and "rerank_ms" in result.timings
+
+
+# --- the Reranker contract ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vector_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Hash-embedder services holding the vectors of the suite's first three hits (the other
+    two are embedded on the spot, as chunks indexed after the vectors were stored are)."""
+    svc = open_services(make_settings(tmp_path_factory.mktemp("rerank") / "data"))
+    stored = [h.chunk for h in HITS[:3] if h.chunk is not None]
+    svc.vector.upsert(stored, svc.embedder.embed_documents([c.text for c in stored]))
+    yield svc
+    svc.close()
+
+
+class TestEmbeddingRerankerContract(RerankerSuite):
+    score_key = "cosine"
+
+    @pytest.fixture
+    def reranker(self, vector_services: Services) -> EmbeddingReranker:
+        return EmbeddingReranker(vector_services)
+
+
+class TestCrossEncoderContract(RerankerSuite):
+    score_key = "cross_encoder"
+    ranks_by_relevance = False  # random weights
+
+    @pytest.fixture
+    def reranker(self, tiny_reranker: CrossEncoderReranker) -> CrossEncoderReranker:
+        return tiny_reranker
+
+
+@pytest.fixture(scope="module")
+def tiny_reranker(tiny_cross_encoder: str) -> CrossEncoderReranker:
+    return CrossEncoderReranker(tiny_cross_encoder)
