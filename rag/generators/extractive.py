@@ -77,7 +77,7 @@ class ExtractiveGenerator:
         return sep.join(f"{sentence} [{label}]" for _, label, _, sentence in best)
 
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
-        text = self.answer(prompt)
+        text = _before_stop(self.answer(prompt), (*params.stop, *prompt.stop))
         pieces = re.findall(r"\S+\s*|\s+", text) if prompt.lang != "zh" else re.findall(r".{1,8}", text, re.DOTALL)
         budget = params.max_tokens
         sent = 0
@@ -88,3 +88,9 @@ class ExtractiveGenerator:
             sent += 1
             yield GenerationDelta(text=piece)
         yield GenerationDelta(finish_reason="stop", prompt_tokens=0, completion_tokens=sent)
+
+
+def _before_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The text up to the first stop string (``GenerationParams.stop``: it is not returned)."""
+    cuts = [text.find(s) for s in stops if s and s in text]
+    return text[: min(cuts)] if cuts else text

@@ -52,14 +52,32 @@ class ScriptedGenerator:
         return len(text.split())
 
     async def stream(self, prompt: Prompt, params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+        """The pieces, one token each, as a model would send them: ``params.max_tokens`` ends
+        the answer (``"length"``), and a stop string of the params or the prompt ends it
+        (``"stop"``) and is not sent."""
         self.prompts.append(prompt)
+        pieces, reason = _generated(self.pieces, params.max_tokens, (*params.stop, *prompt.stop))
         try:
-            for i, piece in enumerate(self.pieces):
+            for i, piece in enumerate(pieces):
                 if self.fail_after is not None and i == self.fail_after:
                     raise GeneratorError("the model server closed the stream")
                 await asyncio.sleep(0)
                 yield GenerationDelta(text=piece)
-            yield GenerationDelta(finish_reason="stop", prompt_tokens=42, completion_tokens=len(self.pieces))
+            yield GenerationDelta(finish_reason=reason, prompt_tokens=42, completion_tokens=len(pieces))
         except GeneratorExit:
             self.closed_early = True
             raise
+
+
+def _generated(pieces: list[str], max_tokens: int, stops: tuple[str, ...]) -> tuple[list[str], str]:
+    out: list[str] = []
+    for piece in pieces:
+        if len(out) >= max_tokens:
+            return out, "length"
+        sent = "".join(out)
+        cuts = [(sent + piece).find(s) for s in stops if s and s in sent + piece]
+        if cuts:
+            rest = (sent + piece)[: min(cuts)][len(sent):]
+            return out + [rest] if rest else out, "stop"
+        out.append(piece)
+    return out, "stop"
