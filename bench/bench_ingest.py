@@ -7,8 +7,17 @@ Runs, on a fresh data dir with the configured (default: embedded) backends:
   4. an incremental crawl of release v2 (every file is new, five pages' text changed),
 and prints pages/s, chunks/s and embeddings/s for each.
 
-    python bench/bench_ingest.py [--embedder sentence-transformers|onnx-int8|hash] [--vector milvus|numpy]
-                                 [--max-pages N] [--cold-only]
+With ``--embedder-alone``, after the steps the same embedder (already loaded) embeds the
+stored chunk texts again on their own, in batches of the pipeline's size, and the cold
+step's chunks/s is compared with that rate (the goal: ingest at 0.9 of the embedder alone).
+``--embedder a,b`` and ``--rounds N`` run several embedders alternately, each on a fresh data
+directory, and print one table, so figures taken under the same load sit side by side:
+
+    python bench/bench_ingest.py --cold-only --max-pages 40 --embedder-alone \
+        --embedder sentence-transformers,onnx-int8 --rounds 2
+
+    python bench/bench_ingest.py [--embedder sentence-transformers|onnx-int8|hash[,...]] [--vector milvus|numpy]
+                                 [--max-pages N] [--cold-only] [--embedder-alone] [--rounds N] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ingest.pipeline import reindex  # noqa: E402
+from ingest.pipeline import EMBED_BATCH_CHUNKS, reindex  # noqa: E402
 from ingest.registry import source_from_argument  # noqa: E402
 from ingest.services import open_services  # noqa: E402
 from rag.config import Settings  # noqa: E402
@@ -52,29 +61,26 @@ def publish(src: Path, dest: Path) -> None:
             os.utime(p, (now, now))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--embedder", default="sentence-transformers",
-                    choices=["sentence-transformers", "onnx-int8", "hash"])
-    ap.add_argument("--vector", default="milvus", choices=["milvus", "numpy"])
-    ap.add_argument("--max-pages", type=int, default=None, help="crawl at most this many pages (default: all)")
-    ap.add_argument("--cold-only", action="store_true", help="only the first step, the cold full crawl")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+def embedder_alone(services, source: str) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """Distinct chunk texts of ``source`` and the seconds the loaded embedder takes on them,
+    in batches as the pipeline makes them (documents in order, about EMBED_BATCH_CHUNKS each)."""
+    texts, seen = [], set()
+    for chunk in services.state.iter_chunks(source):
+        if chunk.hash not in seen:
+            seen.add(chunk.hash)
+            texts.append((chunk.hash, chunk.text))
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), EMBED_BATCH_CHUNKS):
+        services.embedder.embed_documents([t for _, t in sorted(texts[i:i + EMBED_BATCH_CHUNKS])])
+    return len(texts), time.perf_counter() - t0
 
-    work = Path(tempfile.mkdtemp(prefix="ragqa-bench-"))
-    for version in ("v1", "v2"):
-        with tarfile.open(DATA / f"{version}.tar.xz") as tar:
-            tar.extractall(work / version, filter="data")
-    served = work / "www" / "site"
+
+def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, url: str) -> dict:  # type: ignore[type-arg]
     publish(work / "v1" / "site", served)
-    handler = functools.partial(_Quiet, directory=str(work / "www"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/site/index.html"
-
-    settings = Settings.load(None, data_dir=work / "data",
-                             embedder={"backend": args.embedder, "progress": False},
+    data = work / f"data-{embedder}"
+    shutil.rmtree(data, ignore_errors=True)
+    settings = Settings.load(None, data_dir=data,
+                             embedder={"backend": embedder, "progress": False},
                              vector={"backend": args.vector},
                              crawl={"max_pages": args.max_pages} if args.max_pages else {})
     services = open_services(settings)
@@ -95,20 +101,83 @@ def main() -> None:
             "chunks": chunks, "chunks_per_s": round(chunks / secs, 1) if chunks else 0.0,
             "embedded": report.chunks_embedded,
             "embeddings_per_s": round(report.chunks_embedded / secs, 1) if report.chunks_embedded else 0.0,
+            "load_1m": round(os.getloadavg()[0], 1),
         })
-    docs, total_chunks = services.state.counts()
+    out: dict = {"embedder": embedder, "steps": rows}  # type: ignore[type-arg]
+    if args.embedder_alone:
+        n, secs = embedder_alone(services, "pydocs")
+        cold = rows[0]
+        out["alone"] = {"texts": n, "seconds": round(secs, 2), "chunks_per_s": round(n / secs, 1),
+                        "load_1m": round(os.getloadavg()[0], 1)}
+        out["ratio"] = round(cold["embeddings_per_s"] / (n / secs), 3)
+    out["documents"], out["chunks"] = services.state.counts()
     services.close()
+    shutil.rmtree(data, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--embedder", default="sentence-transformers",
+                    help="sentence-transformers, onnx-int8 or hash; several, comma-separated, run alternately")
+    ap.add_argument("--vector", default="milvus", choices=["milvus", "numpy"])
+    ap.add_argument("--max-pages", type=int, default=None, help="crawl at most this many pages (default: all)")
+    ap.add_argument("--cold-only", action="store_true", help="only the first step, the cold full crawl")
+    ap.add_argument("--embedder-alone", action="store_true",
+                    help="also time the embedder alone on the same chunk texts, and the ratio")
+    ap.add_argument("--rounds", type=int, default=1, help="run the embedders alternately this many times")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    embedders = [e.strip() for e in args.embedder.split(",") if e.strip()]
+    for e in embedders:
+        if e not in ("sentence-transformers", "onnx-int8", "hash"):
+            ap.error(f"unknown embedder {e!r}: choose sentence-transformers, onnx-int8 or hash")
+
+    work = Path(tempfile.mkdtemp(prefix="ragqa-bench-"))
+    for version in ("v1", "v2"):
+        with tarfile.open(DATA / f"{version}.tar.xz") as tar:
+            tar.extractall(work / version, filter="data")
+    served = work / "www" / "site"
+    handler = functools.partial(_Quiet, directory=str(work / "www"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/site/index.html"
+
+    runs = []
+    for rnd in range(args.rounds):
+        for emb in embedders:
+            result = run_one(emb, args, work, served, url)
+            result["round"] = rnd + 1
+            runs.append(result)
+            if not args.json:
+                _print(result, args)
     server.shutdown()
     shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps({"documents": docs, "chunks": total_chunks, "steps": rows}))
+        print(json.dumps(runs))
         return
-    print(f"pydocs: {docs} documents, {total_chunks} chunks; embedder={args.embedder}, vector={args.vector}")
-    header = f"{'step':18} {'seconds':>8} {'pages':>6} {'pages/s':>8} {'changed':>8} {'chunks/s':>9} {'embedded':>9} {'emb/s':>7}"
+    if len(runs) > 1 and args.embedder_alone:
+        print("\nembedder              round  ingest chunks/s  alone chunks/s  ratio  load")
+        for r in runs:
+            c = r["steps"][0]
+            print(f"{r['embedder']:21} {r['round']:5d} {c['embeddings_per_s']:16.1f} {r['alone']['chunks_per_s']:15.1f} "
+                  f"{r['ratio']:6.2f}  {c['load_1m']}/{r['alone']['load_1m']}")
+
+
+def _print(r: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
+    print(f"pydocs: {r['documents']} documents, {r['chunks']} chunks; embedder={r['embedder']}, "
+          f"vector={args.vector}, round {r['round']}")
+    header = (f"{'step':18} {'seconds':>8} {'pages':>6} {'pages/s':>8} {'changed':>8} {'chunks/s':>9} "
+              f"{'embedded':>9} {'emb/s':>7} {'load':>5}")
     print(header)
-    for r in rows:
-        print(f"{r['step']:18} {r['seconds']:8.1f} {r['pages']:6d} {r['pages_per_s']:8.1f} "
-              f"{r['changed_or_added']:8d} {r['chunks_per_s']:9.1f} {r['embedded']:9d} {r['embeddings_per_s']:7.1f}")
+    for s in r["steps"]:
+        print(f"{s['step']:18} {s['seconds']:8.1f} {s['pages']:6d} {s['pages_per_s']:8.1f} "
+              f"{s['changed_or_added']:8d} {s['chunks_per_s']:9.1f} {s['embedded']:9d} {s['embeddings_per_s']:7.1f} "
+              f"{s['load_1m']:5.1f}")
+    if "alone" in r:
+        a = r["alone"]
+        print(f"embedder alone on the same {a['texts']} texts: {a['seconds']:.1f} s, {a['chunks_per_s']} chunks/s "
+              f"(load {a['load_1m']}); ingest/alone = {r['ratio']:.2f}")
 
 
 if __name__ == "__main__":
