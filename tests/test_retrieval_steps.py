@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ingest.services import open_services
 from rag.config import RerankerSettings, Settings
 from rag.errors import ConfigError
 from rag.rerank import CrossEncoderReranker, EmbeddingReranker, KeepOrder, make_reranker
 from rag.retrieval import HybridRetriever, boost_recent, drop_near_duplicates
-from rag.types import Chunk, Hit, Reranker
-from ingest.services import open_services
 from rag.services import Services
+from rag.types import Chunk, Hit, Reranker
 from tests.conftest import make_settings
 from tests.corpus import doc_text
 from tests.reranker_suite import HITS, RerankerSuite
