@@ -83,7 +83,7 @@ def _html(title: str, body: str) -> bytes:
 
 def serve(port: int, pages: int, served: mp.Value, ready: mp.Event) -> None:  # type: ignore[valid-type]
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/robots.txt":
                 self.send_error(404)
                 return

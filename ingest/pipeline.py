@@ -98,6 +98,7 @@ class _Pending:
     hash: str
     fetched: Fetched
     chunks: list[Chunk]
+    known: bool = True  # the state records an earlier version, so the indexes hold its old chunks
 
 
 class _Indexer:
@@ -110,14 +111,18 @@ class _Indexer:
     stays on the crawl's thread (lxml trees are best freed by the thread that made them).
     """
 
-    def __init__(self, services: Services, report: RunReport, progress: RunProgress) -> None:
+    def __init__(self, services: Services, report: RunReport, progress: RunProgress, *,
+                 indexes_clean: bool = False) -> None:
         self.s = services
+        # Whether the indexes hold no chunks of documents the state does not record; then a new
+        # document has nothing to delete first (deleting is a scan of the collection on Milvus Lite).
+        self.indexes_clean = indexes_clean
         self.report = report
         self.progress = progress
         # The embedder's tokenizer sizes the chunks, so an undecided ``auto`` embedder holds
         # the first documents back until it is chosen.
         self.chunker: Chunker | None = None if services.embedder_undecided else self._chunker()
-        self.held: list[tuple[Document, str, Fetched]] = []
+        self.held: list[tuple[Document, str, Fetched, bool]] = []
         self.pending: list[_Pending] = []
         self.pending_chunks = 0
         self._writer: ThreadPoolExecutor | None = None
@@ -134,21 +139,21 @@ class _Indexer:
 
     def _choose(self) -> None:
         held, self.held = self.held, []
-        choice = self.s.choose_embedder([doc.lang for doc, _, _ in held])
+        choice = self.s.choose_embedder([doc.lang for doc, _, _, _ in held])
         log.info("embedder chosen", extra={"embedder": choice})
         _check_embedder(self.s)
         self.chunker = self._chunker()
         for item in held:
             self.add(*item)
 
-    def add(self, doc: Document, h: str, fetched: Fetched) -> None:
+    def add(self, doc: Document, h: str, fetched: Fetched, known: bool = True) -> None:
         if self.chunker is None:
-            self.held.append((doc, h, fetched))
+            self.held.append((doc, h, fetched, known))
             if len(self.held) >= AUTO_SAMPLE_DOCS:
                 self._choose()
             return
         chunks = self.chunker.chunk(doc)
-        self.pending.append(_Pending(doc, h, fetched, chunks))
+        self.pending.append(_Pending(doc, h, fetched, chunks, known))
         self.pending_chunks += len(chunks)
         if self.pending_chunks >= EMBED_BATCH_CHUNKS:
             self.flush()
@@ -186,11 +191,13 @@ class _Indexer:
         self.progress.embedded(embedded)
         self.report.chunks_reused += len(chunks) - embedded
 
-        doc_ids = [p.doc.id for p in batch]
-        self.s.lexical.delete_documents(doc_ids)
+        doc_ids = [p.doc.id for p in batch if p.known or not self.indexes_clean]
+        if doc_ids:
+            self.s.lexical.delete_documents(doc_ids)
         self.s.lexical.upsert(chunks)
         for index in self.s.vector_indexes():
-            index.delete_documents(doc_ids)
+            if doc_ids:
+                index.delete_documents(doc_ids)
             if chunks:
                 index.upsert(chunks, matrix)
         for p in batch:
@@ -209,6 +216,23 @@ def _check_embedder(services: Services) -> None:
             f"the index in {services.data_dir} was built with embedder {stored}, but the settings "
             f"select {current}; use another data directory (RAG_DATA_DIR) or the original embedder"
         )
+
+
+def _indexes_clean(state: Any, source: str, run_id: int, window: int = 50) -> bool:
+    """Whether the indexes can hold no chunks of ``source``'s documents that the state does not record.
+
+    A run writes each batch to the indexes before the state, so only a run that failed or died
+    (status ``error``, or still ``running``) can leave such chunks, and the next run that ends
+    ``ok`` has rewritten every document, deleting them first. Undecided within ``window`` runs:
+    not clean.
+    """
+    runs = [r for r in state.runs(source, limit=window + 1) if r["id"] != run_id]
+    for run in runs:
+        if run["status"] == "ok":
+            return True
+        if run["status"] in ("error", "running"):
+            return False
+    return len(runs) < window
 
 
 def delete_documents(services: Services, doc_ids: Sequence[str]) -> int:
@@ -248,7 +272,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
         seen: set[str] = set()
         gone: set[str] = set()
         live = RunProgress(source, mode)
-        indexer = _Indexer(services, report, live)
+        indexer = _Indexer(services, report, live, indexes_clean=_indexes_clean(state, source, run_id))
         crawler = open_source(cfg, services.settings.crawl)
         bar = tqdm(desc=f"{source} ({mode})", unit="page", file=sys.stderr,
                    disable=None if progress else True)  # None: only on a terminal
@@ -284,6 +308,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
                     if old is not None:
                         seen.add(old.id)
                     continue
+                repeated = doc.id in seen  # twice in one crawl: its first version may be written
                 seen.add(doc.id)
                 h = text_hash(doc.title, doc.text)
                 previous = known.get(doc.id)
@@ -296,7 +321,7 @@ def reindex(services: Services, source: str, mode: Mode = "incremental", *,
                     report.added += 1
                 else:
                     report.changed += 1
-                indexer.add(doc, h, item)
+                indexer.add(doc, h, item, known=previous is not None or repeated)
         bar.close()
         indexer.flush()
         indexer.close()
