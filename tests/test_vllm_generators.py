@@ -35,6 +35,7 @@ import pytest
 from rag.errors import BackendUnavailable, ConfigError, GeneratorError
 from rag.generators.openai_server import OpenAIGenerator, estimate_tokens
 from rag.types import GenerationDelta, GenerationParams, Prompt
+from tests.generator_suite import GeneratorSuite
 from tests.vllm_tiny import TINY_MAX_LEN, build_tiny_model
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
@@ -409,6 +410,19 @@ async def busy_server(server: Server, n: int = 8) -> Any:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@needs_vllm
+class TestServerContract(GeneratorSuite):
+    """The Generator contract (tests/generator_suite.py) through the real ``vllm serve``."""
+
+    @pytest.fixture
+    def generator(self, server: Server) -> OpenAIGenerator:
+        return client_for(server)
+
+    @pytest.fixture
+    def down(self) -> OpenAIGenerator:
+        return OpenAIGenerator(f"http://127.0.0.1:{free_port()}/v1", SERVED, timeout_s=2, connect_retries=0)
 
 
 @needs_vllm
