@@ -85,6 +85,26 @@ class TestGemmaContract(GeneratorSuite):
         return LlamaCppGenerator(model=str(tmp_path / "missing.gguf"))
 
 
+@pytest.fixture(scope="module")
+def qwen05() -> Iterator[LlamaCppGenerator]:
+    generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024)
+    asyncio.run(generator.start())
+    yield generator
+    asyncio.run(generator.close())
+
+
+@needs_qwen05
+@pytest.mark.slow
+class TestQwen05Contract(GeneratorSuite):
+    """Through the chat template (Gemma 270M above answers a plain completion prompt)."""
+
+    close_after = False
+
+    @pytest.fixture
+    def generator(self, qwen05: LlamaCppGenerator) -> LlamaCppGenerator:
+        return qwen05
+
+
 # -- the model ---------------------------------------------------------------------------------
 
 @needs_gemma
@@ -211,17 +231,13 @@ def test_chat_template_path_with_the_packaged_qwen_model() -> None:
 
 @needs_qwen05
 @pytest.mark.slow
-def test_the_packaged_qwen_05b_answers_through_its_chat_template() -> None:
-    generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024)
-    asyncio.run(generator.start())
-    try:
-        assert generator.chat and generator.name == "llamacpp/qwen2.5-coder-0.5b-instruct"
-        prompt = rag_prompt("Which port does the Orbis server listen on?",
-                            ["The Orbis server listens on port 7341 by default.", "Orbis logs go to /var/log."])
-        deltas = asyncio.run(collect(generator, prompt, GenerationParams(temperature=0.0, max_tokens=24)))
-        assert "7341" in text_of(deltas)
-    finally:
-        asyncio.run(generator.close())
+def test_the_packaged_qwen_05b_answers_through_its_chat_template(qwen05: LlamaCppGenerator) -> None:
+    generator = qwen05
+    assert generator.chat and generator.name == "llamacpp/qwen2.5-coder-0.5b-instruct"
+    prompt = rag_prompt("Which port does the Orbis server listen on?",
+                        ["The Orbis server listens on port 7341 by default.", "Orbis logs go to /var/log."])
+    deltas = asyncio.run(collect(generator, prompt, GenerationParams(temperature=0.0, max_tokens=24)))
+    assert "7341" in text_of(deltas)
 
 
 def rag_prompt(question: str, passages: list[str], lang: str = "en") -> Prompt:
