@@ -562,21 +562,26 @@ class ServeSettings(BaseModel):
 class RouterRules(BaseModel):
     """The router's thresholds (rag/routing.py): a question goes to the small profile only when
     every rule holds; the first one that fails sends it to the large profile, named in the reason.
-    Refit them on your own questions with ``ragqa eval fit-router SMALL_RUN LARGE_RUN``."""
+    The defaults were fitted by ``ragqa eval fit-router`` on 300 XQuAD-en, XQuAD-zh and RGB-zh
+    questions (the packaged 0.5B model against the 1.5B, a 1-point F1 budget): held out, about a
+    quarter of the questions go to small for 2.4 F1 points (evals/RESULTS-profiles.md). The
+    score thresholds are in ``rrf`` units. Refit on your own questions with
+    ``ragqa eval fit-router SMALL_RUN LARGE_RUN``."""
 
     small_kinds: tuple[Literal["factual", "creative", "open"], ...] = Field(
-        default=("factual",),
+        default=("factual", "open"),
         description="Question kinds (rag/sampling.py) the small profile may answer.")
     max_question_tokens: int = Field(
-        default=24, ge=0, description="Longest question for the small profile (words; a Chinese character is one).")
+        default=14, ge=0, description="Longest question for the small profile (words; a Chinese character is one).")
     min_top_score: float = Field(
-        default=0.0, ge=0, description="Least score of the top hit, in the retriever's units (rrf by default).")
+        default=1 / 61, ge=0, description="Least score of the top hit, in the retriever's units; 1/61 in rrf: "
+        "first in both legs.")
     min_margin: float = Field(
         default=0.0, ge=0, description="Least lead of the top hit's score over the next one's.")
     min_agreement: float = Field(
-        default=0.2, ge=0, le=1, description="Least overlap of the BM25 and vector legs' top 5 (0..1).")
-    max_chunks: int = Field(default=1, ge=0, description="Most packed passages the small profile may read.")
-    max_turn: int = Field(default=1, ge=1, description="Latest conversation turn for the small profile.")
+        default=0.4, ge=0, le=1, description="Least overlap of the BM25 and vector legs' top 5 (0..1).")
+    max_chunks: int = Field(default=1, ge=0, description="Most packed passages the small profile may read (not fitted).")
+    max_turn: int = Field(default=1, ge=1, description="Latest conversation turn for the small profile (not fitted).")
 
 
 class RoutingSettings(BaseModel):

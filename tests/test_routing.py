@@ -69,9 +69,10 @@ def test_an_easy_question_goes_to_the_small_profile() -> None:
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"kind": "open"}, "large: open question"),
-    ({"question_tokens": 40}, "large: 40 tokens > 24"),
-    ({"agreement": 0.0}, "large: leg agreement 0.00 < 0.20"),
+    ({"kind": "creative"}, "large: creative question"),
+    ({"question_tokens": 40}, "large: 40 tokens > 14"),
+    ({"agreement": 0.0}, "large: leg agreement 0.00 < 0.40"),
+    ({"top_score": 0.0163}, "large: top score 0.0163 < 0.01639"),
     ({"chunks": 3}, "large: 3 passages > 1"),
     ({"turn": 4}, "large: turn 4 > 1"),
 ])
