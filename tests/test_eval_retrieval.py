@@ -193,3 +193,20 @@ def test_eval_without_its_extra_says_what_to_install(beir, monkeypatch, command)
     assert res.exit_code != 0
     assert "ragqa eval needs ir-measures, which are not installed: pip install 'ragqa[eval]'" in res.output
     assert "unexpected" not in res.output and "Traceback" not in res.output
+
+
+def test_a_document_that_is_all_boilerplate_is_counted_not_fatal(tmp_path: Path) -> None:
+    """RGB-zh has passages that are one "最后更新于" (last updated) line, which the boilerplate
+    filter removes whole: the corpus still ingests, and says how many had no text."""
+    from evals.retrieval import ingest_corpus
+    from ingest.services import open_services
+    from tests.conftest import make_settings
+
+    corpus = {f"doc/{i}": {"title": "", "text": " ".join(doc_text(i)), "lang": "en"} for i in range(4)}
+    corpus["doc/empty"] = {"title": "", "text": "最后更新于 2023-05-01", "lang": "zh"}
+    services = open_services(make_settings(tmp_path / "data", **HASH))
+    try:
+        report = ingest_corpus(services, corpus, tmp_path / "docs")
+    finally:
+        services.close()
+    assert (report["documents"], report["empty_documents"]) == (4, 1)
