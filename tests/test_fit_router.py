@@ -19,8 +19,8 @@ from rag.errors import ConfigError
 from rag.routing import question_tokens
 from rag.sampling import classify_question
 from ragqa.cli import cli
+from tests.fixtures.xquad import xquad_subset
 
-DATA = Path(__file__).parent / "data"
 
 
 def _row(qid: str, f1: float, *, margin: float, kind: str = "factual", tokens: int = 8,
@@ -120,26 +120,10 @@ def test_bad_input_is_a_clear_error() -> None:
         fit_router([])
 
 
-def _subset(folder: Path, docs: int = 20) -> Path:
-    src = DATA / "xquad-en"
-    folder.mkdir(parents=True)
-    corpus = (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:docs]
-    ids = {json.loads(line)["id"] for line in corpus}
-    qrels = (src / "qrels.tsv").read_text(encoding="utf-8").splitlines()
-    kept = [row for row in qrels[1:] if row.split("\t")[1] in ids]
-    qids = {row.split("\t")[0] for row in kept}
-    queries = [q for q in (src / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-               if json.loads(q)["id"] in qids]
-    (folder / "corpus.jsonl").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    (folder / "qrels.tsv").write_text("\n".join([qrels[0], *kept]) + "\n", encoding="utf-8")
-    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n", encoding="utf-8")
-    return folder
-
-
 def test_answer_runs_record_the_signals_and_the_command_fits_them(tmp_path: Path) -> None:
     """Two real answer runs on 20 XQuAD paragraphs: the extractive answerer from the best passage
     alone ("small") and from up to eight ("large")."""
-    dataset = _subset(tmp_path / "xq")
+    dataset = xquad_subset(tmp_path / "xq", docs=20)
     base = {"data_dir": tmp_path / "data", "embedder": {"backend": "hash", "dim": 256, "progress": False},
             "vector": {"backend": "numpy"}, "generator": {"backend": "extractive"}, "cache": {"backend": "off"},
             "eval": {"tracking": False}}

@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from rag.generators.extractive import ExtractiveGenerator
 from rag.generators.openai_server import OpenAIGenerator
 from rag.generators.scripted import ScriptedGenerator
+from tests.fixtures.openai_wire import OpenAIHandler, chat_chunk, sse
 from tests.generator_suite import GeneratorSuite
 
 TOKENS = ["Paris", " is", " the", " capital", " of", " France", " [1]", "."]
@@ -40,44 +41,25 @@ def _generate(body: dict[str, Any]) -> tuple[list[str], str]:
     return out, "stop"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _json(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        if self.path != "/v1/models":
-            return self._json(404, {"error": {"message": "not found", "code": 404}})
-        self._json(200, {"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
-                                                     "owned_by": "me", "max_model_len": 2048}]})
+class _Handler(OpenAIHandler):
+    owned_by = "me"
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path != "/v1/chat/completions":
-            return self._json(404, {"error": {"message": "not found", "code": 404}})
+            return self._error(404, "not found")
         tokens, reason = _generate(body)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-        events = [{**chunk, "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}
-                  for t in tokens]
-        events += [{**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]},
-                   {**chunk, "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": len(tokens),
+        events = [chat_chunk({"content": t}) for t in tokens]
+        events += [chat_chunk({}, reason),
+                   {**chat_chunk({}), "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": len(tokens),
                                                       "total_tokens": 30 + len(tokens)}}]
         try:
             for event in events:
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.write(sse(event))
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):  # the client closed the stream early

@@ -22,6 +22,7 @@ import pytest
 from rag.errors import BackendTimeout, BackendUnavailable, GeneratorError
 from rag.generators.openai_server import OpenAIGenerator
 from rag.types import GenerationDelta, GenerationParams, Prompt
+from tests.fixtures.openai_wire import OpenAIHandler, chat_chunk, sse
 
 PROMPT = Prompt(messages=({"role": "user", "content": "What is the capital of France?"},), stop=("\n\n",))
 
@@ -40,36 +41,12 @@ class Script:
         return self.plan.pop(0) if len(self.plan) > 1 else self.plan[0]
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-
 def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(OpenAIHandler):
+        owned_by = "me"
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _json(self, status: int, body: object) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: int, message: str) -> None:
-            self._json(status, {"error": {"message": message, "type": "BadRequestError", "code": status}})
-
-        def do_GET(self) -> None:
-            if self.path != "/v1/models":
-                return self._error(404, "not found")
-            if script.models_status != 200:
-                return self._error(script.models_status, "invalid api key")
-            self._json(200, {"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
-                                                         "owned_by": "me", "max_model_len": 2048}]})
+        def models_status(self) -> int:
+            return script.models_status
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -88,11 +65,11 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            events: list[object] = [_chunk({"role": "assistant", "content": ""}),
-                                    _chunk({"content": "Paris"}), _chunk({"content": " [1]."})]
+            events: list[object] = [chat_chunk({"role": "assistant", "content": ""}),
+                                    chat_chunk({"content": "Paris"}), chat_chunk({"content": " [1]."})]
             if step == "stall-after-token":  # a first token, then nothing (a frozen engine)
                 for event in events[:2]:
-                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.write(sse(event))
                 self.wfile.flush()
                 time.sleep(3)
                 self.close_connection = True
@@ -100,11 +77,11 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             if step == "error-event":
                 events = events[:2] + [{"error": {"message": "engine died", "code": 500}}]
             elif step == "stream":
-                events += [_chunk({}, "stop"), {**_chunk({}), "choices": [],
+                events += [chat_chunk({}, "stop"), {**chat_chunk({}), "choices": [],
                                                 "usage": {"prompt_tokens": 11, "completion_tokens": 2,
                                                           "total_tokens": 13}}]
             for event in events:
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.write(sse(event))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 

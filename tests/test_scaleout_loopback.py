@@ -58,6 +58,7 @@ from serve.auth import hash_key, new_key
 from tests.corpus import OLD, doc_text, question, write_folder
 from tests.fixtures.cache import flush_redis
 from tests.fixtures.elasticsearch import drop_everything
+from tests.fixtures.openai_wire import OpenAIHandler, chat_chunk, sse
 from tests.fixtures.postgres import POSTGRES_URL, fresh_schema
 from tests.live import sse_events
 
@@ -106,38 +107,21 @@ class ChatModel:
 
 def _chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
     """One SSE event of a streamed chat completion; with ``usage``, the last one (no choices)."""
-    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = chat_chunk(delta, finish, model="tiny")
     if usage is not None:
         body.update(choices=[], usage=usage)
-    return f"data: {json.dumps(body)}\n\n".encode()
+    return sse(body)
 
 
 def _model_handler(model: ChatModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _json(self, status: int, body: object) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path != "/v1/models":
-                return self._json(404, {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
-            self._json(200, {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1,
-                                                         "owned_by": "test", "max_model_len": 4096}]})
+    class Handler(OpenAIHandler):
+        model_id = "tiny"
+        max_model_len = 4096
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path != "/v1/chat/completions":  # /tokenize: ragqa then estimates tokens
-                return self._json(404, {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
+                return self._error(404, "not found")
             model.requests.append(body["messages"])
             try:
                 self._stream(model.answer(body["messages"]).split(" "))
