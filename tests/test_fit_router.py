@@ -22,7 +22,6 @@ from ragqa.cli import cli
 from tests.fixtures.xquad import xquad_subset
 
 
-
 def _row(qid: str, f1: float, *, margin: float, kind: str = "factual", tokens: int = 8,
          chunks: int = 1, route: bool = True) -> dict[str, Any]:
     row: dict[str, Any] = {"qid": qid, "pass": "answer", "metrics": {"f1": f1}}
