@@ -75,9 +75,12 @@ def embedder_alone(services, source: str) -> tuple[int, float]:  # type: ignore[
     return len(texts), time.perf_counter() - t0
 
 
-def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, url: str) -> dict:  # type: ignore[type-arg]
+def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, url: str,
+            rnd: int) -> dict:  # type: ignore[type-arg]
     publish(work / "v1" / "site", served)
-    data = work / f"data-{embedder}"
+    # A data directory per run: Milvus Lite keeps one server per file path in the process, and
+    # one whose file was deleted cannot be reopened.
+    data = Path(tempfile.mkdtemp(prefix=f"data-{embedder}-{rnd}-", dir=work))
     shutil.rmtree(data, ignore_errors=True)
     settings = Settings.load(None, data_dir=data,
                              embedder={"backend": embedder, "progress": False},
@@ -146,7 +149,7 @@ def main() -> None:
     runs = []
     for rnd in range(args.rounds):
         for emb in embedders:
-            result = run_one(emb, args, work, served, url)
+            result = run_one(emb, args, work, served, url, rnd)
             result["round"] = rnd + 1
             runs.append(result)
             if not args.json:
