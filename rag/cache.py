@@ -205,7 +205,8 @@ class AnswerCacheLayer:
                  semantic_threshold: float | Callable[[], float] = DEFAULT_THRESHOLD,
                  guards: Sequence[str] = DEFAULT_GUARDS,
                  embed: Callable[[str], np.ndarray | None] | None = None, fingerprint: str = "",
-                 changes: ChangeLog | None = None, default_top_k: int = 8) -> None:
+                 changes: ChangeLog | None = None, default_top_k: int = 8,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.backend = store
         self.ttl_s = ttl_s
         self._threshold = semantic_threshold
@@ -216,6 +217,11 @@ class AnswerCacheLayer:
         self.changes = changes
         self.default_top_k = default_top_k
         self._token: object = None
+        # Called when the store's generation moves past the one this process last saw: an index
+        # changed (here, in another process, or pushed through a shared store), so the retrieval
+        # that follows must read it, not an eventually consistent copy it would then cache.
+        self.on_change = on_change
+        self._seen_generation: int | None = None
         self._sync_lock = threading.Lock()
         self._answers: dict[str, tuple[dict[str, Any], CachedAnswer]] = {}
 
@@ -273,6 +279,10 @@ class AnswerCacheLayer:
         found = Lookup(_digest(scope, normalised), scope, normalised, asked=question)
         value, clock = self.backend.get(found.key, (filters or Filters()).source)
         found.generation, found.added = clock.now, clock.added
+        if clock.now != self._seen_generation:
+            if self._seen_generation is not None and self.on_change is not None:
+                self.on_change()
+            self._seen_generation = clock.now
         if value is not None:
             found.kind, found.answer, found.similarity, found.entry = "hit", self._parsed(found.key, value), 1.0, found.key
             found.recheck = int(value.get("gen", 0)) < clock.added
@@ -437,4 +447,5 @@ def make_answer_cache(services: Services, *, salt: str = "",
                             guards=cfg.guards,
                             embed=embed if cfg.semantic else None,
                             fingerprint=config_fingerprint(services.settings, salt),
-                            changes=services.query_state, default_top_k=services.settings.retrieval.top_k)
+                            changes=services.query_state, default_top_k=services.settings.retrieval.top_k,
+                            on_change=services.read_fresh)

@@ -354,6 +354,15 @@ class Services:
             out.append(self.vector_cache)
         return out
 
+    def read_fresh(self) -> None:
+        """Another process changed the indexes (the answer cache saw its generation move): read
+        them at once rather than at an eventually consistent level for a while (a Milvus
+        server's Bounded reads), so no answer built on a replaced passage is cached."""
+        for index in self.vector_indexes():
+            wrote = getattr(index, "wrote", None)
+            if callable(wrote):
+                wrote()
+
     def indexes(self) -> dict[str, LexicalIndex | VectorIndex]:
         """Every index that must receive writes, by name: ``lexical``, ``vector`` and, when
         it is a separate store, ``vector_cache``."""

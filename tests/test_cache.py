@@ -387,3 +387,24 @@ def test_two_app_instances_share_one_redis_cache(corpus, http):
         assert on_b["answer"] == first["answer"] == para["answer"] and gen_a.calls == 1 and gen_b.calls == 0
     finally:
         flush_redis(prefix)
+
+
+def test_a_change_seen_through_the_store_makes_the_next_retrieval_read_fresh() -> None:
+    """When the store's generation moves (an index changed, here or in another process), the
+    layer asks the indexes to read at once (a Milvus server's Bounded reads can lag a write by
+    a fraction of a second, and the answer built then would be cached); a put does not."""
+    from rag.cache import AnswerCacheLayer
+    from rag.types import IndexChange
+
+    store = MemoryAnswerCache(max_entries=10, ttl_s=60)
+    fresh: list[int] = []
+    layer = AnswerCacheLayer(store, on_change=lambda: fresh.append(1))
+    first = layer.lookup_exact("what is copper?")
+    assert fresh == []  # the first lookup only learns the generation
+    assert store.put(first.key, {"text": "a metal"}, generation=first.generation, sources=("notes",),
+                     deps=("c1",))
+    assert layer.lookup_exact("what is copper?").kind == "hit" and fresh == []
+    store.apply([IndexChange(seq=1, source="notes", removed=("c1",))])
+    assert layer.lookup_exact("what is copper?").kind == "miss" and fresh == [1]
+    layer.lookup_exact("what is copper?")
+    assert fresh == [1]  # once per change
