@@ -33,12 +33,14 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import regex
+
 from rag.sampling import classify_question
+from rag.text import HAN, HAN_CLASS
 from rag.types import Hit
 
 if TYPE_CHECKING:
@@ -50,8 +52,7 @@ __all__ = ["AGREEMENT_DEPTH", "Decision", "RouteSignals", "Router", "agreement",
 AGREEMENT_DEPTH = 5
 """How many of each leg's top hits ``agreement`` compares."""
 
-_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W_]+", re.UNICODE)
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_TOKEN = regex.compile(rf"{HAN_CLASS}|[^\W_]+")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def question_tokens(question: str) -> int:
     count = 0
     for match in _TOKEN.finditer(question):
         token = match.group(0)
-        count += len(_CJK.findall(token)) or 1
+        count += len(HAN.findall(token)) or 1
     return count
 
 
