@@ -73,7 +73,7 @@ class SitemapSource(WebSource):
 
     def crawl(self, known: Mapping[str, Validator], conditional: bool) -> Iterator[Fetched]:
         self._complete = False
-        with self._http() as http:
+        with self._http() as http, self._extraction():
             if (failure := self._start(http)) is not None:
                 yield failure
                 return

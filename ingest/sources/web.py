@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import posixpath
 from collections import deque
@@ -27,7 +28,8 @@ from urllib.parse import urlsplit
 import httpx
 from protego import Protego
 
-from ingest.extract import extract, kind_for
+from ingest.extract import kind_for
+from ingest.extract_pool import ExtractPool, Handle, Job, Outcome
 from ingest.normalize import parse_datetime
 from ingest.sources.base import Fetched, Validator, build_document, path_allowed
 from ingest.sources.fetcher import HttpFetcher, Reply, normalize_url
@@ -55,6 +57,16 @@ def doc_id_for_url(name: str, url: str) -> str:
 class _Page:
     fetched: Fetched | None  # None: nothing to report (not a document, or out of scope)
     links: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A page handed to the extraction pool, with what its result needs from the reply."""
+
+    handle: Handle
+    url: str
+    etag: str | None
+    last_modified: str | None
 
 
 class WebSource:
@@ -90,6 +102,7 @@ class WebSource:
         # pages found so far (planned_grows: it grows as links are followed).
         self.planned: int | None = None
         self.planned_grows = False
+        self._extractor: ExtractPool | None = None  # the running crawl's, see _extraction
 
     @property
     def complete(self) -> bool:
@@ -97,6 +110,16 @@ class WebSource:
 
     def _http(self) -> HttpFetcher:
         return HttpFetcher(self.settings, transport=self._transport)
+
+    @contextlib.contextmanager
+    def _extraction(self) -> Iterator[ExtractPool]:
+        """The crawl's extraction pool (``crawl.extract_workers`` processes), closed with it."""
+        with ExtractPool(self.settings.extract_workers) as pool:
+            self._extractor = pool
+            try:
+                yield pool
+            finally:
+                self._extractor = None
 
     def _load_robots(self, http: HttpFetcher) -> None:
         """Read robots.txt; a 4xx means no rules. Raises ``FetchError`` when unreachable,
@@ -131,22 +154,32 @@ class WebSource:
 
     def _fetch_all(self, http: HttpFetcher, urls: list[str], known: Mapping[str, Validator],
                    conditional: bool) -> Iterator[tuple[str, _Page]]:
-        """Fetch ``urls`` concurrently and read each here, yielding in their order.
+        """Fetch ``urls`` concurrently and read each, yielding in their order.
 
-        Only the requests run in the pool. Parsing stays in the calling thread: the GIL
-        would serialise it anyway, and lxml trees are best freed by the thread that made them.
+        The requests run in a thread pool; each page is then extracted by the crawl's
+        :class:`ExtractPool` (worker processes, or this thread when ``crawl.extract_workers``
+        is 0), up to ``2 * extract_workers`` pages ahead of the one yielded.
         """
         if not urls:
             return
         workers = min(self.settings.concurrency, len(urls))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"crawl-{self.cfg.name}")
+        extractor = self._extractor or ExtractPool(0)
+        window = 2 * extractor.workers
         validators = {u: known.get(u) if conditional else None for u in urls}
         queue = iter(urls)
         ahead: deque[tuple[str, Future[Reply | Fetched]]] = deque()
+        reading: deque[tuple[str, _Page | _Reading]] = deque()
 
         def submit(url: str | None) -> None:
             if url is not None:
                 ahead.append((url, pool.submit(self._get, http, url, validators[url])))
+
+        def finish() -> tuple[str, _Page]:
+            url, staged = reading.popleft()
+            if isinstance(staged, _Reading):
+                return url, self._finish(staged, extractor.result(staged.handle))
+            return url, staged
 
         try:
             for url in itertools.islice(queue, 2 * workers):  # a bounded read-ahead
@@ -154,7 +187,11 @@ class WebSource:
             while ahead:
                 url, future = ahead.popleft()
                 submit(next(queue, None))
-                yield url, self._read(url, future.result(), validators[url])
+                reading.append((url, self._read(url, future.result(), validators[url], extractor)))
+                while len(reading) > window or reading and isinstance(reading[0][1], _Page):
+                    yield finish()
+            while reading:
+                yield finish()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -165,7 +202,9 @@ class WebSource:
         except FetchError as exc:
             return Fetched(url, "error", error=str(exc), http_status=exc.status, error_kind=exc.kind)
 
-    def _read(self, url: str, reply: Reply | Fetched, validator: Validator | None) -> _Page:
+    def _read(self, url: str, reply: Reply | Fetched, validator: Validator | None,
+              extractor: ExtractPool) -> _Page | _Reading:
+        """What a reply is: a finished :class:`_Page`, or a page submitted for extraction."""
         if isinstance(reply, Fetched):
             return _Page(reply)
         final = normalize_url(reply.url)
@@ -185,17 +224,21 @@ class WebSource:
         if kind not in _ACCEPTED:
             return _Page(None)
         stem = posixpath.splitext(posixpath.basename(urlsplit(final).path))[0]
-        try:
-            page = extract(reply.content, kind, url=final, charset=reply.charset,
-                           fallback_title=stem, boilerplate=self.settings.boilerplate_patterns)
-        except FetchError as exc:
-            return _Page(Fetched(final, "error", error=str(exc), http_status=200, error_kind=exc.kind))
+        job = Job(reply.content, kind, final, reply.charset, stem, tuple(self.settings.boilerplate_patterns))
+        return _Reading(extractor.submit(job), final, etag, modified)
+
+    def _finish(self, reading: _Reading, outcome: Outcome) -> _Page:
+        """The page once extracted: a document, ``gone`` under ``noindex``, or the page's error."""
+        final = reading.url
+        page = outcome.page
+        if page is None:
+            return _Page(Fetched(final, "error", error=outcome.error, http_status=200, error_kind=outcome.kind))
         links = tuple(normalize_url(link) for link in page.links if link.startswith("http"))
         if page.noindex:
             return _Page(Fetched(final, "gone", http_status=200), links)
         doc = build_document(self.cfg, doc_id=doc_id_for_url(self.cfg.name, final), url=final,
-                             page=page, modified=parse_datetime(modified))
-        return _Page(Fetched(final, "ok", document=doc, etag=etag, last_modified=modified,
+                             page=page, modified=parse_datetime(reading.last_modified))
+        return _Page(Fetched(final, "ok", document=doc, etag=reading.etag, last_modified=reading.last_modified,
                              http_status=200), links)
 
     def _start(self, http: HttpFetcher) -> Fetched | None:
@@ -233,7 +276,7 @@ class SiteSource(WebSource):
 
     def crawl(self, known: Mapping[str, Validator], conditional: bool) -> Iterator[Fetched]:
         self._complete = False
-        with self._http() as http:
+        with self._http() as http, self._extraction():
             if (failure := self._start(http)) is not None:
                 yield failure
                 return
