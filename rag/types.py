@@ -208,12 +208,19 @@ class GenerationDelta:
 
     ``finish_reason`` is ``"stop"`` (end of answer or a stop string), ``"length"``
     (``max_tokens`` reached) or ``"abort"`` (cancelled).
+
+    ``logprob`` and ``min_logprob`` (final delta only; ``None`` when the generator cannot say)
+    are the mean and the lowest natural-log probability the model gave the answer tokens it
+    sampled, from its own distribution before temperature, penalties and truncation: the
+    answer's confidence, which the cascade (``routing.min_confidence``) reads. Both are <= 0.
     """
 
     text: str = ""
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    logprob: float | None = None
+    min_logprob: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

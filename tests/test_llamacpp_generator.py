@@ -240,6 +240,41 @@ def test_the_packaged_qwen_05b_answers_through_its_chat_template(qwen05: LlamaCp
     assert "7341" in text_of(deltas)
 
 
+@needs_qwen05
+@pytest.mark.slow
+def test_the_final_delta_carries_the_answer_tokens_log_probabilities_as_the_model_gives_them() -> None:
+    """The mean and lowest log-probability of the sampled tokens (all but the last, never fed
+    back) equal llama-cpp-python's own ``logprobs`` from a ``logits_all`` model on the same tokens.
+    Both read the whole prompt at once (a fresh model: a prompt read in two parts, after a cached
+    prefix, gives logits a few thousandths apart)."""
+    import llama_cpp
+    import numpy as np
+
+    prompt = rag_prompt("Which port does the Orbis server listen on?",
+                        ["The Orbis server listens on port 7341 by default.", "Orbis logs go to /var/log."])
+    params = GenerationParams(temperature=0.0, max_tokens=12, repetition_penalty=1.0, seed=0)
+    generator = LlamaCppGenerator(model="qwen2.5-coder-0.5b-instruct", threads=2, n_ctx=1024, prefix_cache=False)
+    asyncio.run(generator.start())
+    try:
+        final = asyncio.run(collect(generator, prompt, params))[-1]
+        ids, _stop, _head = generator._tokens(generator._llm, prompt, params)
+    finally:
+        asyncio.run(generator.close())
+    assert final.logprob is not None and final.min_logprob is not None
+    assert final.min_logprob <= final.logprob <= 0.0
+    reference = llama_cpp.Llama(model_path=str(packaged_model_path("qwen2.5-coder-0.5b-instruct")), n_ctx=1024,
+                                n_threads=2, logits_all=True, flash_attn=True, verbose=False)
+    try:
+        out = reference.create_completion(ids, max_tokens=12, temperature=0.0, repeat_penalty=1.0, logprobs=1)
+    finally:
+        reference.close()
+    choice = out["choices"][0]
+    expected = choice["logprobs"]["token_logprobs"][: final.completion_tokens - 1]
+    assert choice["finish_reason"] == final.finish_reason == "length" and len(expected) == 11
+    assert final.logprob == pytest.approx(float(np.mean(expected)), abs=1e-3)
+    assert final.min_logprob == pytest.approx(float(np.min(expected)), abs=1e-3)
+
+
 def rag_prompt(question: str, passages: list[str], lang: str = "en") -> Prompt:
     """The product prompt (rag.prompts.build_prompt) over ``passages``, counted in characters."""
     hits = [Hit(chunk_id=f"c{i}", score=1.0, chunk=Chunk(id=f"c{i}", doc_id=f"d{i}", source="t", text=text,

@@ -27,6 +27,15 @@ when a prompt starts with that message but the KV cache holds another one, for e
 a question in the other language. :meth:`LlamaCppGenerator.warm` reads a system message ahead
 of the first question (the service warms both languages at start).
 
+Confidence: the final delta carries ``logprob`` and ``min_logprob``, the mean and lowest
+log-probability of the sampled answer tokens (:class:`TokenLogprobs`), which the cascade reads
+(``routing.min_confidence``). They are computed from the logits row llama.cpp samples from,
+through a logits processor (the first step of llama-cpp-python's sampler chain, so the raw
+logits), not with ``logits_all`` (n_ctx x vocabulary floats): one log-sum-exp over the
+vocabulary per token, about 0.3 ms against tens of ms a token (``bench/RESULTS-llamacpp.md``).
+The last sampled token (the end-of-answer token, or the one completing a stop string or
+``max_tokens``) is never fed back to the model and is not counted.
+
 Speed settings (``generator.*``, measured in ``bench/RESULTS-llamacpp.md``): ``threads``,
 ``batch_size`` (prompt tokens per batch) and ``flash_attn``. Prompt-lookup decoding
 (llama-cpp-python's ``LlamaPromptLookupDecoding``) is left out: it decoded slower here and
@@ -57,6 +66,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rag.config import GeneratorSettings
 from rag.errors import ConfigError, GeneratorError
 from rag.generators.gguf_models import (
@@ -66,7 +77,7 @@ from rag.generators.gguf_models import (
 )
 from rag.types import GenerationDelta, GenerationParams, Prompt
 
-__all__ = ["DEFAULT_CONTEXT", "LlamaCppGenerator"]
+__all__ = ["DEFAULT_CONTEXT", "LlamaCppGenerator", "TokenLogprobs"]
 
 DEFAULT_CONTEXT = 8192
 """Context window when ``max_model_len`` is unset (the models allow 32K; the KV cache grows with it)."""
@@ -77,6 +88,42 @@ MIN_PREFIX = 16
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[^/]+\.gguf)?$")
 _INSTALL = "pip install 'ragqa[llamacpp]'"
+
+
+class TokenLogprobs:
+    """A llama-cpp-python logits processor that records the log-probability of each sampled token.
+
+    llama.cpp calls it with the logits it is about to sample from (before penalties, temperature
+    and truncation) and the tokens so far. The token sampled from a row is only known at the
+    next call, as the last of the tokens so far; so each call keeps a copy of its row and its
+    log-sum-exp, and scores the previous row's pick. ``values`` are the scored tokens' natural-log
+    probabilities, in order.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._row: np.ndarray | None = None
+        self._lse = 0.0
+        self._seen = -1  # how many tokens the previous call saw
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        n = len(input_ids)
+        if self._row is not None and n == self._seen + 1:  # the previous row's token is the last one now
+            self.values.append(float(self._row[int(input_ids[-1])]) - self._lse)
+        row = np.array(scores, dtype=np.float32)  # a copy: llama.cpp reuses its buffer
+        top = float(row.max())
+        shifted = row - top
+        np.exp(shifted, out=shifted)
+        self._lse = top + float(np.log(shifted.sum()))
+        self._row = row
+        self._seen = n
+        return scores
+
+    def mean(self) -> float | None:
+        return round(sum(self.values) / len(self.values), 6) if self.values else None
+
+    def min(self) -> float | None:
+        return round(min(self.values), 6) if self.values else None
 
 
 def _is_hub_id(model: str) -> bool:
@@ -183,6 +230,12 @@ class LlamaCppGenerator:
 
         return StoppingCriteriaList(criteria)
 
+    @staticmethod
+    def _processors(processors: list[Any]) -> Any:
+        from llama_cpp import LogitsProcessorList
+
+        return LogitsProcessorList(processors)
+
     def _require(self) -> Any:
         if self._llm is None:
             raise GeneratorError("the llamacpp generator is not started (call start() first)")
@@ -278,6 +331,7 @@ class LlamaCppGenerator:
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         abort = threading.Event()
         sampled = [0]
+        scored = TokenLogprobs()
 
         def put(kind: str, value: Any) -> None:
             try:
@@ -304,6 +358,7 @@ class LlamaCppGenerator:
                         ids, stream=True, max_tokens=params.max_tokens, temperature=params.temperature,
                         top_p=params.top_p, repeat_penalty=params.repetition_penalty, stop=stop,
                         seed=params.seed, stopping_criteria=self._stopping_list([stopping]),
+                        logits_processor=self._processors([scored]),
                     )
                     finish = "length"
                     for chunk in chunks:
@@ -329,7 +384,8 @@ class LlamaCppGenerator:
                 if kind == "text":
                     yield GenerationDelta(text=value)
                 elif kind == "end":
-                    yield GenerationDelta(finish_reason=value, prompt_tokens=len(ids), completion_tokens=sampled[0])
+                    yield GenerationDelta(finish_reason=value, prompt_tokens=len(ids), completion_tokens=sampled[0],
+                                          logprob=scored.mean(), min_logprob=scored.min())
                     return
                 else:
                     raise GeneratorError(f"llamacpp generation failed: {value}") from value
