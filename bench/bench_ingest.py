@@ -16,8 +16,16 @@ directory, and print one table, so figures taken under the same load sit side by
     python bench/bench_ingest.py --cold-only --max-pages 40 --embedder-alone \
         --embedder sentence-transformers,onnx-int8 --rounds 2
 
+``--extract-workers`` and ``--threads`` take lists too: every embedder runs with every number
+of extraction processes (``crawl.extract_workers``; 0: in the crawl's thread) and of embedder
+threads (``embedder.threads``; default: the usable cores), each combination a row:
+
+    python bench/bench_ingest.py --cold-only --max-pages 150 --embedder-alone \
+        --embedder sentence-transformers,onnx-int8 --extract-workers 0,1 --threads 2
+
     python bench/bench_ingest.py [--embedder sentence-transformers|onnx-int8|hash[,...]] [--vector milvus|numpy]
-                                 [--max-pages N] [--cold-only] [--embedder-alone] [--rounds N] [--json]
+                                 [--max-pages N] [--cold-only] [--embedder-alone] [--rounds N]
+                                 [--extract-workers N[,...]] [--threads N[,...]] [--port P] [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import itertools
 import json
 import os
 import shutil
@@ -76,16 +85,18 @@ def embedder_alone(services, source: str) -> tuple[int, float]:  # type: ignore[
 
 
 def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, url: str,
-            rnd: int) -> dict:  # type: ignore[type-arg]
+            rnd: int, workers: int | None = None, threads: int | None = None) -> dict:  # type: ignore[type-arg]
     publish(work / "v1" / "site", served)
     # A data directory per run: Milvus Lite keeps one server per file path in the process, and
     # one whose file was deleted cannot be reopened.
     data = Path(tempfile.mkdtemp(prefix=f"data-{embedder}-{rnd}-", dir=work))
     shutil.rmtree(data, ignore_errors=True)
+    crawl: dict[str, int] = {"max_pages": args.max_pages} if args.max_pages else {}
+    if workers is not None:
+        crawl["extract_workers"] = workers
     settings = Settings.load(None, data_dir=data,
-                             embedder={"backend": embedder, "progress": False},
-                             vector={"backend": args.vector},
-                             crawl={"max_pages": args.max_pages} if args.max_pages else {})
+                             embedder={"backend": embedder, "progress": False, "threads": threads},
+                             vector={"backend": args.vector}, crawl=crawl)
     services = open_services(settings)
     services.state.add_source(source_from_argument(url, name="pydocs"))
     steps = [("v1 full (cold)", "full", None), ("v1 incremental", "incremental", None),
@@ -106,7 +117,8 @@ def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, u
             "embeddings_per_s": round(report.chunks_embedded / secs, 1) if report.chunks_embedded else 0.0,
             "load_1m": round(os.getloadavg()[0], 1),
         })
-    out: dict = {"embedder": embedder, "steps": rows}  # type: ignore[type-arg]
+    out: dict = {"embedder": embedder, "steps": rows,  # type: ignore[type-arg]
+                 "extract_workers": settings.crawl.extract_workers, "threads": threads}
     if args.embedder_alone:
         n, secs = embedder_alone(services, "pydocs")
         cold = rows[0]
@@ -129,6 +141,11 @@ def main() -> None:
     ap.add_argument("--embedder-alone", action="store_true",
                     help="also time the embedder alone on the same chunk texts, and the ratio")
     ap.add_argument("--rounds", type=int, default=1, help="run the embedders alternately this many times")
+    ap.add_argument("--extract-workers", default=None,
+                    help="extraction processes (crawl.extract_workers), comma-separated; default: the setting's")
+    ap.add_argument("--threads", default=None,
+                    help="embedder threads (embedder.threads), comma-separated; default: the usable cores")
+    ap.add_argument("--port", type=int, default=18200, help="loopback port of the served site")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     embedders = [e.strip() for e in args.embedder.split(",") if e.strip()]
@@ -142,14 +159,18 @@ def main() -> None:
             tar.extractall(work / version, filter="data")
     served = work / "www" / "site"
     handler = functools.partial(_Quiet, directory=str(work / "www"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/site/index.html"
 
+    def numbers(text: str | None) -> list[int | None]:
+        return [int(x) for x in text.split(",") if x.strip()] if text else [None]
+
     runs = []
     for rnd in range(args.rounds):
-        for emb in embedders:
-            result = run_one(emb, args, work, served, url, rnd)
+        for emb, workers, threads in itertools.product(
+                embedders, numbers(args.extract_workers), numbers(args.threads)):
+            result = run_one(emb, args, work, served, url, rnd, workers, threads)
             result["round"] = rnd + 1
             runs.append(result)
             if not args.json:
@@ -160,16 +181,18 @@ def main() -> None:
         print(json.dumps(runs))
         return
     if len(runs) > 1 and args.embedder_alone:
-        print("\nembedder              round  ingest chunks/s  alone chunks/s  ratio  load")
+        print("\nembedder              workers threads round  ingest s  ingest chunks/s  alone chunks/s  ratio  load")
         for r in runs:
             c = r["steps"][0]
-            print(f"{r['embedder']:21} {r['round']:5d} {c['embeddings_per_s']:16.1f} {r['alone']['chunks_per_s']:15.1f} "
+            print(f"{r['embedder']:21} {r['extract_workers']:7d} {r['threads'] or 'auto':>7} {r['round']:5d} "
+                  f"{c['seconds']:9.1f} {c['embeddings_per_s']:16.1f} {r['alone']['chunks_per_s']:15.1f} "
                   f"{r['ratio']:6.2f}  {c['load_1m']}/{r['alone']['load_1m']}")
 
 
 def _print(r: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
     print(f"pydocs: {r['documents']} documents, {r['chunks']} chunks; embedder={r['embedder']}, "
-          f"vector={args.vector}, round {r['round']}")
+          f"extract_workers={r['extract_workers']}, threads={r['threads'] or 'auto'}, vector={args.vector}, "
+          f"round {r['round']}", flush=True)
     header = (f"{'step':18} {'seconds':>8} {'pages':>6} {'pages/s':>8} {'changed':>8} {'chunks/s':>9} "
               f"{'embedded':>9} {'emb/s':>7} {'load':>5}")
     print(header)
