@@ -67,6 +67,11 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             events: list[object] = [chat_chunk({"role": "assistant", "content": ""}),
                                     chat_chunk({"content": "Paris"}), chat_chunk({"content": " [1]."})]
+            if step == "stream-logprobs":  # vLLM's shape: the sampled tokens' log-probabilities per chunk
+                for event, values in zip(events[1:], ([-0.5], [-0.1, -0.3]), strict=True):
+                    event["choices"][0]["logprobs"] = {  # type: ignore[index]
+                        "content": [{"token": "t", "logprob": v, "bytes": None, "top_logprobs": []} for v in values]}
+                step = "stream"
             if step == "stall-after-token":  # a first token, then nothing (a frozen engine)
                 for event in events[:2]:
                     self.wfile.write(sse(event))
@@ -129,6 +134,17 @@ def test_streams_deltas_then_the_finish_and_usage_with_vllm_parameters_in_the_bo
     assert body["model"] == "m" and body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["repetition_penalty"] == 1.2 and body["seed"] == 3 and body["stop"] == ["END", "\n\n"]
     assert script.auth == ["Bearer sk-test"]
+
+
+def test_the_sampled_tokens_log_probabilities_are_asked_for_and_reported_on_the_final_delta(server):
+    url, script = server
+    script.plan = ["stream-logprobs"]
+    final = run(url)[-1]
+    assert script.bodies[0]["logprobs"] is True and "top_logprobs" not in script.bodies[0]
+    assert final.logprob == pytest.approx(-0.3) and final.min_logprob == -0.5
+    script.plan = ["stream"]  # a server that sends none
+    final = run(url)[-1]
+    assert final.logprob is None and final.min_logprob is None
 
 
 def test_the_model_card_sets_the_context_window_and_counting_falls_back_to_the_estimate(server):

@@ -31,8 +31,9 @@ Confidence: the final delta carries ``logprob`` and ``min_logprob``, the mean an
 log-probability of the sampled answer tokens (:class:`TokenLogprobs`), which the cascade reads
 (``routing.min_confidence``). They are computed from the logits row llama.cpp samples from,
 through a logits processor (the first step of llama-cpp-python's sampler chain, so the raw
-logits), not with ``logits_all`` (n_ctx x vocabulary floats): one log-sum-exp over the
-vocabulary per token, about 0.3 ms against tens of ms a token (``bench/RESULTS-llamacpp.md``).
+logits), not with ``logits_all`` (n_ctx x vocabulary floats): one copy and one log-sum-exp
+over the vocabulary per token, about 1 ms, under 1% of a token's time on two cores
+(``evals/RESULTS-profiles.md``).
 The last sampled token (the end-of-answer token, or the one completing a stop string or
 ``max_tokens``) is never fed back to the model and is not counted.
 

@@ -5,6 +5,9 @@ It talks to the server with the ``openai`` SDK's :class:`openai.AsyncOpenAI` (``
 ``stream_options.include_usage``, ``prompt.messages`` as they are, and ``temperature``,
 ``top_p``, ``max_tokens``, ``stop`` (params' then the prompt's) and ``seed``; vLLM's own
 sampling parameters (``repetition_penalty``; other servers may ignore it) go in ``extra_body``.
+It asks for ``logprobs`` (the sampled tokens' only, no alternatives) and reports their mean and
+lowest on the final delta (``logprob``, ``min_logprob``: the answer's confidence, which the
+cascade reads); a server that sends none leaves them ``None``.
 
 Failure rules:
 
@@ -62,7 +65,7 @@ _NOT_READY = {502, 503, 504}
 # Parameters of chat.completions.create; what else _payload() puts in the body (vLLM's
 # sampling extensions) goes in extra_body.
 _SDK_ARGS = frozenset({"model", "messages", "stream", "stream_options", "temperature", "top_p",
-                       "max_tokens", "stop", "seed"})
+                       "max_tokens", "stop", "seed", "logprobs"})
 
 
 def estimate_tokens(text: str) -> int:
@@ -184,7 +187,7 @@ class OpenAIGenerator:
             "model": self.model, "messages": [dict(m) for m in prompt.messages], "stream": True,
             "stream_options": {"include_usage": True}, "temperature": params.temperature,
             "top_p": params.top_p, "max_tokens": params.max_tokens,
-            "repetition_penalty": params.repetition_penalty,
+            "repetition_penalty": params.repetition_penalty, "logprobs": True,
         }
         if stop:
             body["stop"] = stop
@@ -218,12 +221,16 @@ class OpenAIGenerator:
         reason: str | None = None
         usage: Any = None
         started = False
+        logprobs: list[float] = []
         async with chunks:  # leaving early closes the response, and vLLM aborts the request
             try:
                 async for chunk in chunks:
                     usage = chunk.usage or usage
                     for choice in chunk.choices:
                         reason = choice.finish_reason or reason
+                        for token in getattr(choice.logprobs, "content", None) or ():
+                            if token.logprob is not None:
+                                logprobs.append(float(token.logprob))
                         if choice.delta and choice.delta.content:
                             started = True
                             yield GenerationDelta(text=choice.delta.content)
@@ -244,6 +251,8 @@ class OpenAIGenerator:
         yield GenerationDelta(
             finish_reason=reason, prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
+            logprob=round(sum(logprobs) / len(logprobs), 6) if logprobs else None,
+            min_logprob=round(min(logprobs), 6) if logprobs else None,
         )
 
 
