@@ -27,9 +27,12 @@ given (an experiment arm, a test), else with ``routing.mode`` ``rules`` the
 ``default`` (the ``generator`` section: one profile, today's answers). A profile whose backend is
 down falls back to the next profile, then to the extractive answerer, flagged degraded. In the
 cascade the small profile's answer is **buffered**, not streamed: when it abstains (the "I don't
-know" sentence) or cites nothing, it is dropped and ``routing.large`` answers, streamed as usual
-(its ``sources`` event follows the first one when its context differs); else the buffered text
-is sent. Every ``done`` event (and ``sources``) carries ``versions``: the profile, model,
+know" sentence), cites nothing or, with ``routing.min_confidence`` set, its confidence is below
+that, it is dropped and ``routing.large`` answers, streamed as usual (its ``sources`` event
+follows the first one when its context differs); else the buffered text is sent. The
+confidence is the generator's mean log-probability of the answer's tokens
+(``GenerationDelta.logprob``), carried on ``done`` as ``confidence`` (``logprob`` and
+``min_logprob``; empty when the generator does not report it, as the extractive one). Every ``done`` event (and ``sources``) carries ``versions``: the profile, model,
 quantization, prompt version, the route (``{"decision", "reason"}`` or ``None``) and the
 experiment ``arm``; the answer cache keys on them.
 
@@ -75,7 +78,7 @@ if TYPE_CHECKING:
     from rag.routing import Router
     from rag.services import Services
 
-__all__ = ["Answerer", "AnswerEvent", "abstained"]
+__all__ = ["Answerer", "AnswerEvent", "abstained", "confident"]
 
 log = logging.getLogger(__name__)
 HEADROOM_TOKENS = 16  # chat-template tokens the count of the bare prompt may miss
@@ -102,6 +105,17 @@ class AnswerEvent:
     attribution: dict[str, int] = field(default_factory=dict)  # on ``done``: sentences labelled by inference, unsupported
     versions: dict[str, Any] | None = None  # on sources/done: profile, model, quantization, prompt_version, route, arm
     answer_id: str | None = None  # on ``done``: this response's answer (feedback names it); new on every answer
+    confidence: dict[str, float] = field(default_factory=dict)  # on ``done``: logprob, min_logprob (generator's)
+
+
+def confident(confidence: Mapping[str, float], threshold: float | None) -> bool:
+    """Whether an answer's ``confidence`` (its ``done`` event's) reaches ``routing.min_confidence``:
+    always without a threshold; never when the threshold is set and the generator gave no
+    log-probability (the cascade cannot tell, so the large profile answers)."""
+    if threshold is None:
+        return True
+    value = confidence.get("logprob")
+    return value is not None and value >= threshold
 
 
 def abstained(text: str) -> bool:
@@ -303,6 +317,8 @@ class Answerer:
             how = "route=rules"
         elif mode == "cascade":
             how = f"cascade={self.routing.small}>{self.routing.large}"
+            if self.routing.min_confidence is not None:
+                how += f"@{self.routing.min_confidence:g}"
         else:
             how = f"profile={DEFAULT}"
         return f"{how}|prompt={self.prompt_version}|arm={arm or ''}"
@@ -382,7 +398,7 @@ class Answerer:
 
     async def _cascade(self, run: _Run, route: dict[str, str] | None) -> AsyncIterator[AnswerEvent]:
         """``routing.small`` first, buffered; ``routing.large`` when its answer abstains, cites
-        nothing or fails (see the module docstring)."""
+        nothing, is less confident than ``routing.min_confidence`` or fails (see the module docstring)."""
         small, large = self.routing.small, self.routing.large
         sources: tuple[Citation, ...] | None = None
         buffered: list[AnswerEvent] = []
@@ -405,6 +421,8 @@ class Answerer:
             why = "abstained"
         elif not last.citations:
             why = "cited nothing"
+        elif not confident(last.confidence, self.routing.min_confidence):
+            why = "low confidence"
         answered = (last.versions or {}).get("profile") if last is not None else None
         if why is None or answered == large:
             released = round((time.perf_counter() - run.started) * 1000, 2)  # the text reaches the client now
@@ -415,7 +433,8 @@ class Answerer:
             return
         small_ms = round((time.perf_counter() - run.started) * 1000, 2)
         M.ROUTER_DECISIONS.labels(large, f"cascade: {why}").inc()
-        escalated = {"decision": large, "reason": f"cascade: the {small} answer {why}; escalated to {large}"}
+        said = f"has confidence {_shown(last)} < {self.routing.min_confidence}" if why == "low confidence" else why
+        escalated = {"decision": large, "reason": f"cascade: the {small} answer {said}; escalated to {large}"}
         attempt = self._attempt(run, large, escalated, previous=sources)
         try:
             async for event in attempt:
@@ -526,7 +545,7 @@ class Answerer:
         yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
                           timings=_finish(timings, run.started, gen_started), screening=run.screening, **run.state(),
-                          attribution=_counts(infer), versions=versions)
+                          attribution=_counts(infer), versions=versions, confidence=_confidence(final))
 
     def _attributor(self, packed: PackedContext) -> Attributor | None:
         """Labels for the sentences the model leaves unlabelled (``citations.infer``)."""
@@ -603,6 +622,18 @@ def _with_inferred(cited: Sequence[Citation], infer: Attributor | None,
         out += [replace(packed.citations[n], inferred=True) for n in infer.inferred
                 if n not in have and n in packed.citations]
     return tuple(out)
+
+
+def _shown(event: AnswerEvent | None) -> str:
+    value = (event.confidence if event is not None else {}).get("logprob")
+    return "unknown" if value is None else f"{value:.3f}"
+
+
+def _confidence(final: Any) -> dict[str, float]:
+    """The final delta's log-probabilities, those it has."""
+    if final is None:
+        return {}
+    return {k: v for k in ("logprob", "min_logprob") if (v := getattr(final, k, None)) is not None}
 
 
 def _counts(infer: Attributor | None) -> dict[str, int]:

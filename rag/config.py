@@ -591,7 +591,7 @@ class RoutingSettings(BaseModel):
     """Which generator profile answers a question (docs/profiles.md): ``off`` (always ``large``,
     ``default`` unless set), ``rules`` (the router in rag/routing.py picks ``small`` or ``large``
     from the question and its retrieval) or ``cascade`` (``small`` first, ``large`` when the small
-    answer abstains or cites nothing)."""
+    answer abstains, cites nothing or, with ``min_confidence``, is not confident enough)."""
 
     mode: Literal["off", "rules", "cascade"] = Field(default="off", description=(
         "off (one profile: large), rules (the router chooses small or large per question, before "
@@ -599,6 +599,9 @@ class RoutingSettings(BaseModel):
     small: str = Field(default="small", description="The small profile's name (a key of profiles, or default).")
     large: str = Field(default="default", description="The large profile's name (a key of profiles, or default).")
     rules: RouterRules = Field(default_factory=RouterRules)
+    min_confidence: float | None = Field(default=None, le=0.0, description=(
+        "cascade only: a small answer whose confidence (the mean log-probability of its tokens, "
+        "<= 0) is below this is answered again by large; unset: confidence is not checked."))
 
 
 class Settings(BaseSettings):
