@@ -15,7 +15,8 @@ generate, cite. The generator, retriever and every other setting come from ``Set
 - **Sample.** ``limit`` questions are drawn with ``seed``, so two configurations are
   compared on the same questions.
 - **Per query** it records the retrieved and packed chunks, the answer and its citations,
-  every stage's milliseconds, TTFT, token counts, cache status, the degraded flag and the
+  every stage's milliseconds, TTFT, token counts, cache status, the degraded flag, the
+  answer's confidence (``confidence``: the generator's log-probabilities, when it reports them) and the
   router's signals (``route``, :func:`rag.routing.route_signals`: ``ragqa eval fit-router``
   fits the router on two runs' rows), and
   scores it (:mod:`evals.qa_metrics`), as one line of ``rows.jsonl`` written as soon as it is
@@ -408,6 +409,8 @@ async def _one(answerer: Any, retriever: _EvalRetriever, item: QAItem, kind: str
         "citations": [{"label": c.label, "doc": doc_of.get(c.doc_id, c.doc_id), "inferred": c.inferred}
                       for c in (done.citations if done is not None else ())],
         "attribution": dict(getattr(done, "attribution", None) or {}),
+        # the answer's confidence (logprob, min_logprob), which the cascade's fit reads
+        "confidence": dict(getattr(done, "confidence", None) or {}),
         "retrieved": [[h.chunk_id, dataset_doc[h.chunk_id]] for h in retriever.hits],
         "packed": [c.chunk_id for c in sources],
         "timings": timings, "usage": usage,

@@ -21,6 +21,11 @@ interval (questions resampled). The rules to paste are then fitted on all the qu
 trade-off curve repeats this for a range of loss budgets. Several (small, large) pairs fit one
 router for all of them and also report each dataset on its own.
 
+When the small run's rows carry the answer's confidence (``confidence``: a llamacpp or openai
+small profile), the same questions and folds also fit the **cascade**'s ``routing.min_confidence``
+(:mod:`evals.fit_cascade`): small's answer is kept when it does not abstain, cites something and
+is confident enough, else large's F1 counts (``report["cascade"]``, ``None`` otherwise).
+
 Example::
 
     report = fit_router([(load_run("runs/en-small"), load_run("runs/en-large"))], max_loss=1.0)
@@ -38,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from evals.fit_cascade import cascade_rows, fit_cascade, render_cascade
 from rag.config import RouterRules
 from rag.errors import ConfigError
 
@@ -240,6 +246,7 @@ def fit_router(pairs: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mappi
         sel = np.flatnonzero(d.dataset == name)
         per_dataset[name] = _summary(oof[max_loss][sel], d.take(sel), good[sel], resamples, seed)
     curve = [{"max_loss": b, **_summary(oof[b], d, good, resamples, seed)} for b in budgets]
+    cascade = _cascade(pairs, names, d, good, fold, budgets, max_loss, resamples, seed)
     ends = {"all_large": _summary(np.zeros(d.n, dtype=bool), d, good, resamples, seed),
             "all_small": _summary(np.ones(d.n, dtype=bool), d, good, resamples, seed),
             # the documented rules, fitted on nothing here: out of sample by construction
@@ -254,8 +261,24 @@ def fit_router(pairs: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mappi
         # "point" says whether the delta itself is -1 or above
         "goal": {"share": goal_share, "met": bool(cv["share"] >= goal_share and cv["ci"][1] >= -1.0),
                  "point": bool(cv["share"] >= goal_share and cv["delta"] >= -1.0)},
-        "paste": paste_lines(rules),
+        "paste": paste_lines(rules), "cascade": cascade,
     }
+
+
+def _cascade(pairs: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]], names: Sequence[str],
+             d: _Data, good: np.ndarray, fold: np.ndarray, budgets: Sequence[float], max_loss: float,
+             resamples: int, seed: int) -> dict[str, Any] | None:
+    """The cascade's fit (:mod:`evals.fit_cascade`) on the same questions and folds; ``None`` when
+    the small runs' rows carry no confidence."""
+    small_rows = {f"{name}:{r['qid']}": r for (small, _large), name in zip(pairs, names, strict=True)
+                  for r in small if r.get("pass") == "answer"}
+    rows = cascade_rows(small_rows, d.qids)
+    if rows is None:
+        return None
+    return fit_cascade(
+        d.small, d.large, rows, fold, budgets=budgets, max_loss=max_loss, datasets=d.dataset, names=names,
+        summary=lambda mask: _summary(mask, d, good, resamples, seed),
+        summary_of=lambda mask, idx: _summary(mask, d.take(idx), good[idx], resamples, seed))
 
 
 def paste_lines(rules: RouterRules) -> list[str]:
@@ -301,4 +324,9 @@ def render_fit(report: Mapping[str, Any]) -> str:
         "fitted on all the questions; paste into the environment (or the same keys under routing.rules in YAML):",
         *report["paste"],
     ]
+    if report.get("cascade"):
+        lines += render_cascade(report["cascade"], _line, head, report["max_loss"], report["goal"]["share"])
+    else:
+        lines += ["", "cascade: not fitted (the small run's rows carry no confidence: a generator without "
+                  "log-probabilities, or rows from before ragqa eval answers recorded them)"]
     return "\n".join(lines)

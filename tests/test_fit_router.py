@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from evals.answers import run_answer_eval
 from evals.compare import load_run
 from evals.fit_router import fit_router, paste_lines, render_fit
-from rag.config import RouterRules
+from rag.config import RouterRules, RoutingSettings
 from rag.errors import ConfigError
 from rag.routing import question_tokens
 from rag.sampling import classify_question
@@ -104,6 +104,58 @@ def test_paste_lines_configure_the_same_rules() -> None:
         {k.removeprefix("RAG_ROUTING__RULES__").lower(): json.loads(v) if v.startswith("[") else v
          for k, v in env.items()})
     assert loaded == rules
+
+
+def _cascade_runs(n: int = 120, seed: int = 4) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The small answer is as good as the large one when its confidence (mean log-probability) is
+    -0.3 or more and 50 points worse below; one in ten small answers abstains (worse, but the
+    cascade escalates it whatever its confidence) and one in ten cites nothing."""
+    rng = random.Random(seed)
+    small, large = _runs(n, seed)
+    for i, (s, big) in enumerate(zip(small, large, strict=True)):
+        f1 = big["metrics"]["f1"]
+        logprob = rng.uniform(-1.0, 0.0)
+        s["metrics"] = {"f1": f1 if logprob >= -0.3 else max(0.0, f1 - 0.5)}
+        s["confidence"] = {"logprob": logprob, "min_logprob": logprob - 1}
+        s["answer"], s["citations"] = "Paris [1].", [{"label": 1, "doc": "d", "inferred": False}]
+        if i % 10 == 0:
+            s["answer"], s["metrics"] = "I don't know.", {"f1": 0.0}
+        elif i % 10 == 1:
+            s["citations"] = []
+    return small, large
+
+
+def test_the_cascade_fit_finds_the_confidence_threshold() -> None:
+    small, large = _cascade_runs()
+    report = fit_router([(small, large)], names=["synthetic"], max_loss=0.0, resamples=1000)
+    cascade = report["cascade"]
+    mean = cascade["signals"]["logprob"]
+    # no loss allowed: the lowest confidence of a good, kept answer (every good answer, no bad one)
+    kept = [s["confidence"]["logprob"] for s in small
+            if s["citations"] and "know" not in s["answer"] and s["confidence"]["logprob"] >= -0.3]
+    assert mean["threshold"] == min(kept)
+    assert mean["in_sample"]["delta"] == 0.0 and mean["in_sample"]["on_small"] == len(kept)
+    assert mean["auc"] == 1.0  # confidence separates the good answers from the bad perfectly
+    # held out, close to the same share and no loss
+    assert abs(mean["cv"]["share"] - len(kept) / 120) < 0.1 and mean["cv"]["delta"] > -3
+    assert cascade["base"]["share"] == 0.8 and cascade["base"]["delta"] < -10  # no threshold: only abstentions go
+    assert cascade["paste"] == ["RAG_ROUTING__MODE=cascade", f"RAG_ROUTING__MIN_CONFIDENCE={min(kept)}"]
+    assert set(mean["per_dataset"]) == {"synthetic"}
+    text = render_fit(report)
+    assert "confidence = logprob" in text and f"RAG_ROUTING__MIN_CONFIDENCE={min(kept)}" in text
+    # the pasted threshold is accepted as the setting
+    assert RoutingSettings(mode="cascade", min_confidence=mean["threshold"]).min_confidence == min(kept)
+    # a 1-point budget lets a few bad answers through, never more than the budget
+    loose = fit_router([(small, large)], max_loss=1.0, resamples=1000)["cascade"]["signals"]["logprob"]
+    assert loose["threshold"] < min(kept) and -1.0 <= loose["in_sample"]["delta"] < 0
+    assert loose["in_sample"]["on_small"] > len(kept)
+
+
+def test_without_confidence_the_cascade_is_not_fitted_and_the_rules_still_are() -> None:
+    small, large = _runs(40)
+    report = fit_router([(small, large)], resamples=1000)
+    assert report["cascade"] is None and report["rules"]
+    assert "cascade: not fitted" in render_fit(report)
 
 
 def test_bad_input_is_a_clear_error() -> None:
