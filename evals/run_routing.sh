@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The answer runs behind the routing figures of evals/RESULTS-profiles.md: each dataset answered by
-# each profile on the same seeded sample, every row carrying the router's signals, then the
-# router fitted on each (small, large) pair with `ragqa eval fit-router`.
+# each profile on the same seeded sample, every row carrying the router's signals and the
+# answer's confidence (the model's mean token log-probability), then the router and the cascade's
+# routing.min_confidence fitted on each (small, large) pair with `ragqa eval fit-router`.
 #
 #   source ~/.cache/ragqa/venv/bin/activate
 #   DATA=<folder holding rgb-zh-dev> LIMIT_N=60 evals/run_routing.sh [OUT] [RUN...]
