@@ -6,10 +6,13 @@ answer cache off); this script runs them one after the other, then prints per co
 answer F1, the share of abstention questions (gold passages filtered out) answered "I don't
 know", the latency p50/p95 of the whole answer and of the first token, and for the cascade the
 share escalated and what the small try cost before an escalation. By default the small profile is
-the extractive answerer and the large one the packaged Qwen2.5-Coder-1.5B on llama.cpp::
+the extractive answerer and the large one the packaged Qwen2.5-Coder-1.5B on llama.cpp;
+``small-q05`` and ``cascade-q05`` put the packaged Qwen2.5-Coder-0.5B in the small profile's place,
+with ``--min-confidence`` as the cascade's ``routing.min_confidence``::
 
     source ~/.cache/ragqa/venv/bin/activate
     python bench/bench_cascade.py --out /tmp/ragqa-cascade -n 20 --abstain 5
+    python bench/bench_cascade.py --configs small-q05,large,cascade-q05 --min-confidence -0.15
 
 Results: docs/profiles.md ("What the cascade costs").
 """
@@ -30,6 +33,9 @@ CONFIGS = {
     "large": {"RAG_GENERATOR__BACKEND": "llamacpp"},
     "cascade": {"RAG_GENERATOR__BACKEND": "llamacpp", "RAG_PROFILES__SMALL__BACKEND": "extractive",
                 "RAG_ROUTING__MODE": "cascade"},
+    "small-q05": {"RAG_GENERATOR__BACKEND": "llamacpp", "RAG_GENERATOR__MODEL": "qwen2.5-coder-0.5b-instruct"},
+    "cascade-q05": {"RAG_GENERATOR__BACKEND": "llamacpp", "RAG_PROFILES__SMALL__BACKEND": "llamacpp",
+                    "RAG_PROFILES__SMALL__MODEL": "qwen2.5-coder-0.5b-instruct", "RAG_ROUTING__MODE": "cascade"},
 }
 
 
@@ -62,7 +68,7 @@ def summary(name: str, folder: Path) -> dict[str, object]:
         "abstention": round(statistics.fmean(r["metrics"]["abstention"] for r in abstain), 3) if abstain else None,
         "total_p50_ms": round(pct(total, 0.5)), "total_p95_ms": round(pct(total, 0.95)),
         "ttft_p50_ms": round(pct(ttft, 0.5)), "ttft_p95_ms": round(pct(ttft, 0.95)),
-        "escalated": f"{len(escalated)}/{len(rows)}" if name == "cascade" else "",
+        "escalated": f"{len(escalated)}/{len(rows)}" if name.startswith("cascade") else "",
         "small_try_ms_p50": round(pct([r["timings"]["cascade_small_ms"] for r in escalated], 0.5))
         if escalated else None,
     }
@@ -75,10 +81,14 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=20)
     parser.add_argument("--abstain", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--configs", default="small,large,cascade")
+    parser.add_argument("--configs", default="small,large,cascade", help=f"of {', '.join(CONFIGS)}")
+    parser.add_argument("--min-confidence", type=float, default=None,
+                        help="routing.min_confidence for the cascade configurations (unset: not checked)")
     args = parser.parse_args()
     names = args.configs.split(",")
-    folders = {name: run(name, CONFIGS[name], args) for name in names}
+    extra = {} if args.min_confidence is None else {"RAG_ROUTING__MIN_CONFIDENCE": str(args.min_confidence)}
+    folders = {name: run(name, {**CONFIGS[name], **(extra if name.startswith("cascade") else {})}, args)
+               for name in names}
     table = [summary(name, folder) for name, folder in folders.items()]
     keys = list(table[0])
     print("| " + " | ".join(keys) + " |")
