@@ -28,12 +28,14 @@ given (an experiment arm, a test), else with ``routing.mode`` ``rules`` the
 down falls back to the next profile, then to the extractive answerer, flagged degraded. In the
 cascade the small profile's answer is **buffered**, not streamed: when it abstains (the "I don't
 know" sentence), cites nothing or, with ``routing.min_confidence`` set, its confidence is below
-that, it is dropped and ``routing.large`` answers, streamed as usual (its ``sources`` event
-follows the first one when its context differs); else the buffered text is sent. The
-confidence is the generator's mean log-probability of the answer's tokens
-(``GenerationDelta.logprob``), carried on ``done`` as ``confidence`` (``logprob`` and
-``min_logprob``; empty when the generator does not report it, as the extractive one). Every ``done`` event (and ``sources``) carries ``versions``: the profile, model,
-quantization, prompt version, the route (``{"decision", "reason"}`` or ``None``) and the
+that (a generator that reports none is not checked), it is dropped and ``routing.large``
+answers, streamed as usual (its ``sources`` event follows the first one when its context
+differs); else the buffered text is sent. The confidence is the generator's mean
+log-probability of the answer's tokens (``GenerationDelta.logprob``), carried on ``done`` as
+``confidence`` (``logprob`` and ``min_logprob``; empty when the generator does not report it,
+as the extractive one). Every ``done`` event (and ``sources``) carries ``versions``: the
+profile, model, quantization, prompt version, the route (``{"decision", "reason"}`` or
+``None``) and the
 experiment ``arm``; the answer cache keys on them.
 
 Example::
@@ -110,12 +112,10 @@ class AnswerEvent:
 
 def confident(confidence: Mapping[str, float], threshold: float | None) -> bool:
     """Whether an answer's ``confidence`` (its ``done`` event's) reaches ``routing.min_confidence``:
-    always without a threshold; never when the threshold is set and the generator gave no
-    log-probability (the cascade cannot tell, so the large profile answers)."""
-    if threshold is None:
-        return True
+    always without a threshold, and when the generator reports no log-probability (the
+    extractive answerer: only abstaining and citing are checked)."""
     value = confidence.get("logprob")
-    return value is not None and value >= threshold
+    return threshold is None or value is None or value >= threshold
 
 
 def abstained(text: str) -> bool:

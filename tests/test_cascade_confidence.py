@@ -93,7 +93,7 @@ def test_confidence_checks() -> None:
     assert confident({"logprob": -0.2}, None) and confident({}, None)  # no threshold: never checked
     assert confident({"logprob": -0.2}, -0.3) and confident({"logprob": -0.3}, -0.3)
     assert not confident({"logprob": -0.31}, -0.3)
-    assert not confident({}, -0.3)  # a generator that reports no confidence cannot pass a threshold
+    assert confident({}, -0.3)  # a generator that reports no confidence (extractive) is not checked
     with pytest.raises(ValueError, match="less than or equal to 0"):
         RoutingSettings(min_confidence=0.5)
 
