@@ -3,9 +3,9 @@
 Extracting an HTML page costs more CPU than embedding its chunks with the int8 ONNX
 embedder, and Python runs one thread of it at a time, so a crawl extracts in
 ``crawl.extract_workers`` processes while the main process fetches, chunks and embeds.
-Processes, not threads: lxml and trafilatura crash when several threads extract at once
-(trafilatura issues #840 and #925: SIGSEGV or SIGABRT, "about once in ten runs"), and a
-crash in a worker costs one page, not the run. Workers come from a ``forkserver`` (``spawn``
+Processes, not threads: trafilatura (lxml, libxml2) can crash the process when several
+threads extract at once (trafilatura issues #840 and #925: SIGSEGV or SIGABRT, no traceback),
+and a crash in a worker costs one page, not the run. Workers come from a ``forkserver`` (``spawn``
 where there is none), never from a fork of a process whose torch or onnxruntime threads run.
 
 A page whose extraction raises, or kills its worker, is that page's error: a worker that

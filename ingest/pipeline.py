@@ -107,8 +107,9 @@ class _Indexer:
     A batch is embedded and written on a thread of its own while the crawl goes on fetching,
     parsing and chunking the next one (the embedder releases the GIL while it computes), so
     the embedder does not wait for extraction. One batch at a time: :meth:`flush` waits for
-    the batch before, so batches are written in order and memory holds at most two. Parsing
-    stays on the crawl's thread (lxml trees are best freed by the thread that made them).
+    the batch before, so batches are written in order and memory holds at most two. Pages are
+    parsed by the source, in ``crawl.extract_workers`` processes (:mod:`ingest.extract_pool`),
+    never in threads: trafilatura and lxml can crash when several threads extract at once.
     """
 
     def __init__(self, services: Services, report: RunReport, progress: RunProgress, *,
