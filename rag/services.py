@@ -5,9 +5,11 @@ and a broken backend only fails the commands that need it.
 
 With ``embedder.backend: auto`` (the default) the first ingest chooses the embedding model
 from the language of the first documents it reads (:meth:`Services.choose_embedder`): the
-English MiniLM for an English corpus, the multilingual USE when at least
-:data:`AUTO_MULTILINGUAL_SHARE` of them are Chinese. The choice is recorded in the state and
-never changes on an existing index; ``ragqa status`` shows it and why.
+English MiniLM, int8 on onnxruntime (fp32 on torch when onnxruntime is missing), for an
+English corpus, the multilingual USE when at least :data:`AUTO_MULTILINGUAL_SHARE` of them are
+Chinese. The choice is recorded in the state and never changes on an existing index (one built
+before ``auto`` recorded choices keeps the model it was built with); ``ragqa status`` shows it
+and why.
 
 The ingestion state (:class:`rag.types.IndexState`: stored chunks, the embedder choice, the
 change log) belongs to ``ingest``, above the core: ``Services`` takes a factory for it, and
@@ -39,10 +41,16 @@ from rag.types import Chunk, Embedder, Filters, Generator, Hit, IndexState, Leas
 
 __all__ = ["AUTO_BACKENDS", "AUTO_MULTILINGUAL_SHARE", "Services"]
 
-AUTO_BACKENDS = {"en": "sentence-transformers", "multilingual": "use"}
+AUTO_BACKENDS = {"en": "onnx-int8", "multilingual": "use"}
 """What ``embedder.backend: auto`` becomes: MiniLM for English corpora (the best measured on
-English: Cranfield, XQuAD-en), USE for Chinese and mixed ones (MiniLM ranks Chinese close to
-randomly); see ``evals/RESULTS-retrieval.md``."""
+English: Cranfield, XQuAD-en), as int8 ONNX (3.7-5.4 times faster to embed than fp32, no
+significant retrieval or answer difference: ``bench/RESULTS-onnx.md``; fp32 when onnxruntime is
+missing, :func:`rag.embedders.auto_english_backend`), USE for Chinese and mixed ones (MiniLM
+ranks Chinese close to randomly); see ``evals/RESULTS-retrieval.md``."""
+#: The embedder (``Embedder.name``) an index was built with before ``auto`` recorded its choice,
+#: and the backend that index keeps.
+BUILT_WITH = {"st:all-MiniLM-L6-v2": "sentence-transformers", "onnx-int8:all-MiniLM-L6-v2": "onnx-int8",
+              "use:multilingual-v3": "use"}
 AUTO_MULTILINGUAL_SHARE = 0.1
 """The share of Chinese documents from which ``auto`` chooses the multilingual model."""
 AUTO_META = "embedder_choice"
@@ -172,7 +180,7 @@ class Services:
 
     @property
     def embedder(self) -> Embedder:
-        """The configured embedder; with ``auto``, the recorded choice (MiniLM until there is one)."""
+        """The configured embedder; with ``auto``, the recorded choice (the English one until there is one)."""
         if self._embedder is not None and not self._given and self._auto and self._choice is None:
             if self.embedder_choice() is not None:  # chosen since, here or by another process
                 self._reset_embedder()
@@ -189,8 +197,19 @@ class Services:
         if cfg.backend != "auto":
             return cfg
         choice = self.embedder_choice()  # None also when a model folder or hub id is named:
-        backend = choice["backend"] if choice else AUTO_BACKENDS["en"]  # then a sentence-transformers one
-        return cfg.model_copy(update={"backend": backend})
+        if choice:  # then a sentence-transformers one
+            return cfg.model_copy(update={"backend": choice["backend"]})
+        return cfg if cfg.model is not None else cfg.model_copy(update={"backend": self._auto_backend("en")})
+
+    @staticmethod
+    def _auto_backend(kind: str) -> str:
+        """:data:`AUTO_BACKENDS`'s model for ``kind``, if it is installed (int8 MiniLM needs onnxruntime)."""
+        backend = AUTO_BACKENDS[kind]
+        if backend == "onnx-int8":
+            from rag.embedders import auto_english_backend
+
+            return auto_english_backend()
+        return backend
 
     @property
     def _auto(self) -> bool:
@@ -212,8 +231,16 @@ class Services:
                     "set state.url to the database the ingest wrote, or name the embedder "
                     "(embedder.backend) the index was built with")
             raw = state.get_meta(AUTO_META)
-            self._choice = json.loads(raw) if raw else None
+            self._choice = json.loads(raw) if raw else self._built_with(state.get_meta("embedder"))
         return self._choice
+
+    @staticmethod
+    def _built_with(recorded: str | None) -> dict[str, str] | None:
+        """The choice of an index built before ``auto`` recorded one, from the embedder it was
+        built with (the ``embedder`` meta row, ``<name>:<dim>``): it keeps that model."""
+        name = recorded.rsplit(":", 1)[0] if recorded else ""
+        backend = BUILT_WITH.get(name)
+        return {"backend": backend, "reason": f"the index was built with {name}"} if backend else None
 
     @property
     def embedder_undecided(self) -> bool:
@@ -227,7 +254,7 @@ class Services:
         known = [lang for lang in langs if lang in ("en", "zh")]
         share = known.count("zh") / len(known) if known else 0.0
         multilingual = share >= AUTO_MULTILINGUAL_SHARE
-        backend = AUTO_BACKENDS["multilingual" if multilingual else "en"]
+        backend = self._auto_backend("multilingual" if multilingual else "en")
         reason = (f"chosen at the first ingest: {share:.0%} of its first {len(langs)} documents are Chinese "
                   f"({'at least' if multilingual else 'under'} {AUTO_MULTILINGUAL_SHARE:.0%})")
         choice = {"backend": backend, "reason": reason}

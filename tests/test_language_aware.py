@@ -152,7 +152,7 @@ def test_eval_variants_name_auto_weights_and_the_gate():
         parse_variant("rrf:lang=maybe")
 
 
-@pytest.mark.parametrize(("lang", "backend"), [("zh", "use"), ("en", "sentence-transformers")])
+@pytest.mark.parametrize(("lang", "backend"), [("zh", "use"), ("en", "onnx-int8")])
 def test_auto_embedder_is_chosen_by_the_first_ingest_and_kept(tmp_path, lang, backend):
     questions = _xquad(lang, tmp_path / "docs")
     settings = make_settings(tmp_path / "data", embedder={"backend": "auto", "progress": False})

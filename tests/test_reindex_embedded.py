@@ -38,8 +38,8 @@ def test_embedded_default_reindexes_only_changed_pages(tmp_path, site, pydocs):
         services.state.add_source(source_from_argument(site["sitemap"], name="pydocs"))
         assert services.state.source("pydocs").kind == "sitemap"
         first = reindex(services, "pydocs", "full")
-        # English pages: the first ingest chose the English MiniLM, and recorded why.
-        assert services.embedder_settings.backend == "sentence-transformers"
+        # English pages: the first ingest chose the English MiniLM (int8), and recorded why.
+        assert services.embedder_settings.backend == "onnx-int8"
         assert services.embedder_choice()["reason"].startswith("chosen at the first ingest: 0% of its first")
         n = len(site["pages"])
         assert (first.added, first.failed, first.deleted) == (n, 0, 0)
