@@ -21,7 +21,8 @@ questions on the packaged 0.5B model for 2.4 F1 points below the 1.5B alone: ref
 own questions.
 
 ``mode = "off"`` always answers with the large profile, and ``"cascade"`` starts every question
-on the small one (the answerer escalates an abstaining or uncited answer to the large one).
+on the small one (the answerer escalates an abstaining or uncited answer, or one whose confidence
+is below ``routing.min_confidence``, to the large one: :mod:`rag.answer`).
 
 Example::
 
