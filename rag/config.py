@@ -427,10 +427,10 @@ class CrawlSettings(BaseModel):
     retries: int = Field(default=3, ge=0, le=10)
     backoff_s: float = Field(default=0.5, ge=0)
     concurrency: int = Field(default=4, ge=1, le=64)
-    user_agent: str = "ragqa/0.1 (+https://github.com/ragqa/ragqa)"
     extract_workers: int = Field(default=1, ge=0, le=64, description=(
         "Processes that extract pages (HTML, PDF, text) of site, sitemap and folder sources while "
         "the crawl embeds; 0: in the crawl's own thread."))
+    user_agent: str = "ragqa/0.1 (+https://github.com/ragqa/ragqa)"
     respect_robots: bool = True
     boilerplate_patterns: tuple[str, ...] = DEFAULT_BOILERPLATE
     max_delete_fraction: float = Field(default=0.5, ge=0, le=1, description=(
