@@ -600,11 +600,11 @@ class RoutingSettings(BaseModel):
     small: str = Field(default="small", description="The small profile's name (a key of profiles, or default).")
     large: str = Field(default="default", description="The large profile's name (a key of profiles, or default).")
     rules: RouterRules = Field(default_factory=RouterRules)
-    min_confidence: float | None = Field(default=-0.063743, le=0.0, description=(
+    min_confidence: float | None = Field(default=None, le=0.0, description=(
         "cascade only: a small answer whose confidence (the mean log-probability of its tokens, "
-        "<= 0) is below this is answered again by large; null: not checked. The default was fitted "
-        "by ragqa eval fit-router on 72 XQuAD questions, 0.5B against 1.5B (evals/RESULTS-profiles.md): "
-        "it escalates about nine answers in ten; refit on your own questions."))
+        "<= 0) is below this is answered again by large; null (the default): not checked. Fit it with "
+        "ragqa eval fit-router on your own questions: on 72 XQuAD questions, 0.5B against 1.5B, the "
+        "confidence ranked good-enough answers at chance (evals/RESULTS-profiles.md)."))
 
 
 class Settings(BaseSettings):

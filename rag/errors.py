@@ -75,7 +75,8 @@ class FetchError(IngestError):
     ``kind`` names the failure for the ``crawl_errors_total`` metric: ``timeout``, ``slow``
     (a page that trickled past ``crawl.page_deadline_s``), ``connection`` (refused, reset,
     truncated), ``http``, ``too_large``, ``redirects``, ``robots``, ``unreadable`` (bytes that
-    are not a document of their type).
+    are not a document of their type), ``crashed`` (the page's extraction killed its worker
+    process, ``crawl.extract_workers``).
     """
 
     def __init__(self, url: str, reason: str, status: int | None = None, kind: str = "unreadable") -> None:
