@@ -194,6 +194,8 @@ def entry(route: str, question: str, answer: str, event: AnswerEvent | None, *,
                    for c in event.citations])
     if event.error:
         record["error"] = event.error
+    if event.confidence:  # the generator's log-probabilities of the answer (llamacpp, openai)
+        record["confidence"] = dict(event.confidence)
     if screening is not None:
         record["injection"] = {"question": screening.question.action, "rules": list(screening.question.rules),
                                "excluded": dict(screening.excluded), "quoted": dict(screening.quoted),

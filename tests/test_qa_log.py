@@ -176,3 +176,12 @@ def test_redactor_patterns_and_what_it_leaves_alone():
     for raw, want in cases.items():
         assert redact(raw) == want, raw
     assert redact.scrub({"q": ["sk-" + "z" * 20], "n": 3}) == {"q": ["[REDACTED]"], "n": 3}
+
+
+def test_an_answer_s_confidence_is_logged_when_its_generator_reports_one():
+    from rag.answer import AnswerEvent
+    from serve.qa_log import entry
+
+    scored = AnswerEvent("done", confidence={"logprob": -0.21, "min_logprob": -2.5})
+    assert entry("/v1/ask", "q", "a", scored)["confidence"] == {"logprob": -0.21, "min_logprob": -2.5}
+    assert "confidence" not in entry("/v1/ask", "q", "a", AnswerEvent("done"))  # the extractive answerer
