@@ -350,6 +350,7 @@ async def _answer_all(settings: Settings, ds: _Dataset, doc_of: Mapping[str, str
     services = open_services(settings)
     retriever = _EvalRetriever(HybridRetriever.from_services(services))
     answerer = Answerer(services, retriever=retriever)  # type: ignore[arg-type]
+    answerer.record_confidence = True  # rows record each answer's confidence (fit-router's cascade)
     bar = tqdm(total=len(work), initial=len(rows), desc=f"eval {ds.name}", unit="q", disable=None if progress else True,
                dynamic_ncols=True)
     try:

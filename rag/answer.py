@@ -155,6 +155,9 @@ class Answerer:
         self.prompt_version = prompt_version(self.examples, self.system)  # type: ignore[arg-type]
         self.cache = cache if cache is not None else make_answer_cache(services, salt=self.generator.name)
         self.admission = admission  # bounds the answers generated at once (the server sets it)
+        # Ask every generator for the answer's confidence (the openai one only sends ``logprobs``
+        # when asked: the server pays for them). The cascade asks on its own; eval answers sets it.
+        self.record_confidence = False
 
     @property
     def generator(self) -> Generator:
@@ -486,6 +489,8 @@ class Answerer:
         failures: list[tuple[str, str, str, Exception]] = []
         generator, answering, pos = await self._start_from(chain, 0, failures, allow)
         self._warn(run, failures, answering)
+        if not run.params.logprobs and (self.record_confidence or self.routing.mode == "cascade"):
+            run.params = replace(run.params, logprobs=True)
         args = (run.question, run.hits, run.history, run.params)
         packed, prompt = await asyncio.to_thread(self._prompt, generator, *args, self._limits(answering, name))
         timings["pack_ms"] = (time.perf_counter() - run.started) * 1000 - timings["retrieve_ms"]

@@ -200,6 +200,7 @@ class GenerationParams:
     repetition_penalty: float = 1.2
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: bool = False  # ask for the answer tokens' log-probabilities where they cost the backend
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,13 +138,17 @@ def test_streams_deltas_then_the_finish_and_usage_with_vllm_parameters_in_the_bo
 
 def test_the_sampled_tokens_log_probabilities_are_asked_for_and_reported_on_the_final_delta(server):
     url, script = server
+    asked = GenerationParams(max_tokens=8, logprobs=True)
     script.plan = ["stream-logprobs"]
-    final = run(url)[-1]
+    final = run(url, asked)[-1]
     assert script.bodies[0]["logprobs"] is True and "top_logprobs" not in script.bodies[0]
     assert final.logprob == pytest.approx(-0.3) and final.min_logprob == -0.5
     script.plan = ["stream"]  # a server that sends none
-    final = run(url)[-1]
+    final = run(url, asked)[-1]
     assert final.logprob is None and final.min_logprob is None
+    script.plan = ["stream"]  # not asked (no cascade, no eval run): the server is not made to compute them
+    run(url)
+    assert "logprobs" not in script.bodies[-1]
 
 
 def test_the_model_card_sets_the_context_window_and_counting_falls_back_to_the_estimate(server):

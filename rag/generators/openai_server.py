@@ -5,8 +5,9 @@ It talks to the server with the ``openai`` SDK's :class:`openai.AsyncOpenAI` (``
 ``stream_options.include_usage``, ``prompt.messages`` as they are, and ``temperature``,
 ``top_p``, ``max_tokens``, ``stop`` (params' then the prompt's) and ``seed``; vLLM's own
 sampling parameters (``repetition_penalty``; other servers may ignore it) go in ``extra_body``.
-It asks for ``logprobs`` (the sampled tokens' only, no alternatives) and reports their mean and
-lowest on the final delta (``logprob``, ``min_logprob``: the answer's confidence, which the
+With ``params.logprobs`` (the cascade and ``ragqa eval answers`` set it) it asks for
+``logprobs`` (the sampled tokens' only, no alternatives) and reports their mean and lowest on the
+final delta (``logprob``, ``min_logprob``: the answer's confidence, which the
 cascade reads); a server that sends none leaves them ``None``.
 
 Failure rules:
@@ -187,8 +188,10 @@ class OpenAIGenerator:
             "model": self.model, "messages": [dict(m) for m in prompt.messages], "stream": True,
             "stream_options": {"include_usage": True}, "temperature": params.temperature,
             "top_p": params.top_p, "max_tokens": params.max_tokens,
-            "repetition_penalty": params.repetition_penalty, "logprobs": True,
+            "repetition_penalty": params.repetition_penalty,
         }
+        if params.logprobs:
+            body["logprobs"] = True
         if stop:
             body["stop"] = stop
         if params.seed is not None:
