@@ -4,7 +4,9 @@ A document's text (markdown-style headings, blank lines between paragraphs) is c
 sections at headings, then each section is split at the coarsest boundary that keeps a
 chunk within ``size_tokens`` (paragraph, line, sentence — including Chinese ``。！？`` —
 clause, word, and finally character), with ``overlap_tokens`` carried between chunks.
-Tokens are counted with the embedder's own tokenizer.
+Tokens are counted with the embedder's own tokenizer. The splitter measures each piece
+three or four times on its way to a chunk, so the last ``COUNT_CACHE`` counts are remembered
+(on 30 Python docs pages: 14,636 counts of 4,034 distinct pieces, 1.50 s against 0.59 s).
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 
@@ -34,6 +37,7 @@ SEPARATORS = [
     "",
 ]
 HEADERS = [("#", "h1"), ("##", "h2"), ("###", "h3")]
+COUNT_CACHE = 4096  # pieces whose token count is remembered (a few documents' worth)
 
 
 def approx_token_count(text: str) -> int:
@@ -64,11 +68,12 @@ class Chunker:
             raise ValueError("overlap_tokens must be smaller than size_tokens")
         self.size_tokens = size_tokens
         self.count_tokens = count_tokens
+        self._count = functools.lru_cache(maxsize=COUNT_CACHE)(count_tokens)
         self._headers = MarkdownHeaderTextSplitter(HEADERS, strip_headers=True)
         self._splitter = RecursiveCharacterTextSplitter(
             chunk_size=size_tokens,
             chunk_overlap=overlap_tokens,
-            length_function=count_tokens,
+            length_function=self._count,
             separators=SEPARATORS,
             keep_separator="end",
             strip_whitespace=True,

@@ -86,7 +86,8 @@ class EmbedderSettings(BaseModel):
         description="A local model folder or hub id; default: the packaged all-MiniLM-L6-v2.",
     )
     batch_size: int = Field(default=32, ge=1, le=4096)
-    threads: int | None = Field(default=None, ge=1, description="Torch threads; default: usable cores.")
+    threads: int | None = Field(default=None, ge=1, description=(
+        "CPU threads: torch's, or for onnx-int8 the texts embedded at once; default: usable cores."))
     device: str = "cpu"
     dim: int = Field(default=384, ge=8, description="Only for the hash embedder.")
     progress: bool = True

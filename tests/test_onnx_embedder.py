@@ -74,6 +74,14 @@ def test_a_text_gets_the_same_vector_alone_or_among_others(int8) -> None:
     np.testing.assert_allclose(int8.embed_documents(texts[::-1])[::-1], together, atol=1e-6)
 
 
+def test_texts_embedded_side_by_side_get_the_vectors_they_get_one_by_one(int8) -> None:
+    """Texts run on parallel threads; a text's vector must not depend on the thread count."""
+    texts = passages(24)
+    parallel = make_embedder(EmbedderSettings(backend="onnx-int8", threads=3, progress=False)).embed_documents(texts)
+    serial = make_embedder(EmbedderSettings(backend="onnx-int8", threads=1, progress=False))
+    np.testing.assert_array_equal(serial.embed_documents(texts), parallel)
+
+
 def test_the_int8_embedder_is_another_embedder_for_the_index_guard(tmp_path: Path) -> None:
     needs_onnx()
     (tmp_path / "docs").mkdir()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,11 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
     as a query or as a passage, and on two cores it was no slower (75-83 passages/s against
     62-65 in batches of 32, ``bench/RESULTS-onnx.md``).
 
+    Texts run side by side, one per core (``threads``, default the usable cores), each on one
+    onnxruntime thread: a single text's matrices are too small for several threads to share
+    well (on two cores, 26 chunks/s on one thread, 31-34 on two, 52-53 with two texts at once).
+    A text's vector does not depend on the thread count.
+
     Needs onnxruntime and onnx (``pip install 'ragqa[onnx]'``), and torch with transformers
     for the one-time export.
 
@@ -58,6 +65,8 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         self.name = f"onnx-int8:{self._label}"
         self.cache_dir = cache_dir
         self._truncating: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
@@ -94,7 +103,7 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         self._pooling_dim()
         path = self.model_path
         options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads or usable_cpus()
+        options.intra_op_num_threads = 1  # texts run in parallel instead; see the class docstring
         options.inter_op_num_threads = 1
         # Idle threads sleep rather than spin, for the reason rag.embedders.openmp_env gives.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -157,7 +166,16 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         return encode_batched(encodings, self._run, self.dim, self.batch_size, progress, f"embedding ({self.name})")
 
     def _run(self, batch: list[Any]) -> np.ndarray:
-        return np.concatenate([self._run_padded([enc]) for enc in batch])
+        workers = min(len(batch), self.threads or usable_cpus())
+        if workers <= 1:
+            return np.concatenate([self._run_padded([enc]) for enc in batch])
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads or usable_cpus(),
+                                                    thread_name_prefix="onnx-int8")
+        # onnxruntime releases the GIL while it runs, and a session may run on several threads.
+        return np.concatenate(list(self._pool.map(lambda enc: self._run_padded([enc]), batch)))
 
     def _run_padded(self, batch: list[Any]) -> np.ndarray:
         """Mean-pooled vectors of ``batch`` run as one tensor padded to its longest text."""
