@@ -82,6 +82,25 @@ def test_texts_embedded_side_by_side_get_the_vectors_they_get_one_by_one(int8) -
     np.testing.assert_array_equal(serial.embed_documents(texts), parallel)
 
 
+def test_a_forked_child_embeds_with_threads_of_its_own(int8) -> None:
+    """The parent's worker threads do not exist in a fork; the child must not wait on them."""
+    import multiprocessing
+
+    texts = passages(6)
+    expected = int8.embed_documents(texts)  # the parent's pool now exists
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=lambda: results.put(int8.embed_documents(texts)))  # forked: nothing pickled
+    child.start()
+    try:
+        got = results.get(timeout=120)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_the_int8_embedder_is_another_embedder_for_the_index_guard(tmp_path: Path) -> None:
     needs_onnx()
     (tmp_path / "docs").mkdir()

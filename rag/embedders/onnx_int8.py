@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +69,9 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         self._truncating: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # A forked child has none of the parent's threads: it starts a pool of its own.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_pool(ref()))
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
@@ -193,3 +198,9 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
             raise EmbedderError(f"embedding with {self.name!r} failed: {one_line(exc)}") from exc
         weights = mask[..., None].astype(np.float32)
         return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+
+
+def _forget_pool(embedder: OnnxInt8Embedder | None) -> None:
+    if embedder is not None:
+        embedder._pool = None
+        embedder._pool_lock = threading.Lock()
