@@ -69,9 +69,7 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         self._truncating: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        # A forked child has none of the parent's threads: it starts a pool of its own.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_pool(ref()))
+        _LIVE.add(self)  # see _forget_pools
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
@@ -171,14 +169,13 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         return encode_batched(encodings, self._run, self.dim, self.batch_size, progress, f"embedding ({self.name})")
 
     def _run(self, batch: list[Any]) -> np.ndarray:
-        workers = min(len(batch), self.threads or usable_cpus())
-        if workers <= 1:
+        threads = self.threads or usable_cpus()
+        if min(len(batch), threads) <= 1:
             return np.concatenate([self._run_padded([enc]) for enc in batch])
         if self._pool is None:
             with self._pool_lock:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.threads or usable_cpus(),
-                                                    thread_name_prefix="onnx-int8")
+                    self._pool = ThreadPoolExecutor(threads, thread_name_prefix="onnx-int8")
         # onnxruntime releases the GIL while it runs, and a session may run on several threads.
         return np.concatenate(list(self._pool.map(lambda enc: self._run_padded([enc]), batch)))
 
@@ -200,7 +197,14 @@ class OnnxInt8Embedder(SentenceTransformerEmbedder):
         return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
 
 
-def _forget_pool(embedder: OnnxInt8Embedder | None) -> None:
-    if embedder is not None:
+_LIVE: weakref.WeakSet[OnnxInt8Embedder] = weakref.WeakSet()
+
+
+def _forget_pools() -> None:
+    """In a forked child: none of the parent's threads exist, so each embedder starts its own."""
+    for embedder in list(_LIVE):
         embedder._pool = None
         embedder._pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
