@@ -50,8 +50,8 @@ _XML_DECL = re.compile(r"^\s*<\?xml[^>]*\?>")
 
 @dataclass(frozen=True)
 class HtmlPage:
-    """The parts of a page: ``text`` is not normalised yet; ``links`` are absolute and
-    empty when the page says ``nofollow``.
+    """The parts of a page: ``text`` is not normalised yet; ``links`` are absolute, name
+    each linked page once without its fragment, and are empty when the page says ``nofollow``.
 
     Example::
 
@@ -89,6 +89,11 @@ def parse_html(text: str, url: str) -> HtmlPage:
         pre.clear()
         pre.tail = tail
         lxml.etree.SubElement(pre, "span").text = code
+    for code in tree.iter("code"):
+        # Inline code's markup is only styling (a documentation page has thousands of such
+        # spans), and every element costs trafilatura's pattern tests: keep the text alone.
+        if len(code):
+            _flatten(code)
     # "txt" leaves the content tree unserialised (we write it ourselves), saving a pass.
     doc = bare_extraction(tree, url=url, output_format="txt", include_comments=False,
                           include_tables=True, favor_recall=True, include_formatting=False,
@@ -101,12 +106,22 @@ def parse_html(text: str, url: str) -> HtmlPage:
                     links=links, noindex=noindex)
 
 
+def _flatten(node: Any) -> None:
+    """Replace ``node``'s children by their text, keeping its attributes and tail."""
+    text, tail, attrib = node.text_content(), node.tail, dict(node.attrib)
+    node.clear()
+    node.attrib.update(attrib)
+    node.text, node.tail = text, tail
+
+
 def _links(tree: Any, url: str) -> Iterator[str]:
+    """Each linked page once, in order, absolute and without its fragment."""
     bases = tree.xpath("//base/@href")
     base = urljoin(url, bases[0].strip()) if bases else url
-    for href in tree.xpath("//a/@href"):
-        href = href.strip()
-        if href and not href.startswith(("#", "javascript:", "mailto:", "tel:", "data:")):
+    # A page links to the same few pages many times (anchors within them): join each once.
+    hrefs = dict.fromkeys(href.strip().partition("#")[0] for href in tree.xpath("//a/@href"))
+    for href in hrefs:
+        if href and not href.startswith(("javascript:", "mailto:", "tel:", "data:")):
             yield urljoin(base, href)
 
 

@@ -90,9 +90,27 @@ def test_html_structure_title_dates_links():
     assert page.lang == "en"
     assert page.published == datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert page.modified == datetime(2024, 2, 2, 23, tzinfo=UTC)
-    assert page.links == ("http://h/other/", "http://h/docs/sibling.html#part",
+    assert page.links == ("http://h/other/", "http://h/docs/sibling.html",
                           "http://h/docs/deep/page.html")
     assert not page.noindex
+
+
+def test_html_links_name_each_page_once_without_its_fragment():
+    html = (b"<html><body><p>See <a href='a.html#one'>one</a>, <a href='a.html#two'>two</a>, "
+            b"<a href='#top'>top</a>, <a href='b.html?x=1#y'>b</a> and <a href='a.html'>a</a>.</p>"
+            b"</body></html>")
+    page = extract(html, "html", url="http://h/docs/", boilerplate=())
+    assert page.links == ("http://h/docs/a.html", "http://h/docs/b.html?x=1")
+
+
+def test_html_inline_code_markup_is_kept_as_its_text():
+    plain = PAGE.replace(b"<code>guide</code>", b"<code>the_guide()</code>")
+    styled = PAGE.replace(b"<code>guide</code>",
+                          b'<code class="x"><span class="n">the_guide</span><span class="p">()</span></code>')
+    a = extract(plain, "html", url="http://h/a", boilerplate=BOILERPLATE)
+    b = extract(styled, "html", url="http://h/a", boilerplate=BOILERPLATE)
+    assert a.title == b.title == "The the_guide()"
+    assert a.text == b.text and a.text.startswith("# The the_guide()\n\nFirst paragraph")
 
 
 def test_html_markup_changes_do_not_change_text():
