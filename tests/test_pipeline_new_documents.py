@@ -98,3 +98,34 @@ def test_after_a_run_that_failed_half_way_new_documents_are_deleted_first(tmp_pa
     third = reindex(services, "docs", "incremental")
     assert third.added == 1 and deletes == []
     _in_step(services)
+
+
+def _pages(tmp_path: Path, n: int) -> Path:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(n):
+        _write(folder, f"page{i:02d}.md", f"Page {i} tells about topic number {i}. " * 20)
+    return folder
+
+
+def test_a_failed_write_stops_the_run_and_no_later_batch_is_written(tmp_path, services, monkeypatch):
+    import ingest.pipeline
+
+    monkeypatch.setattr(ingest.pipeline, "EMBED_BATCH_CHUNKS", 1)
+    services.state.add_source(source_from_argument(str(_pages(tmp_path, 6)), name="docs"))
+    written: list[str] = []
+    upsert = services.lexical.upsert
+
+    def upsert_spy(chunks):
+        if written:
+            raise RuntimeError("index unavailable")
+        written.extend(sorted({c.doc_id for c in chunks}))
+        return upsert(chunks)
+
+    monkeypatch.setattr(services.lexical, "upsert", upsert_spy)
+    with pytest.raises(RuntimeError, match="index unavailable"):
+        reindex(services, "docs", "full")
+    # The first batch was written and recorded; the failing one and every later one were not.
+    assert sorted(services.state.documents("docs")) == written == ["docs:page00.md"]
+    assert services.state.runs("docs", limit=1)[0]["status"] == "error"
+    _in_step(services)
