@@ -10,6 +10,11 @@ and prints pages/s, chunks/s and embeddings/s for each.
 With ``--embedder-alone``, after the steps the same embedder (already loaded) embeds the
 stored chunk texts again on their own, in batches of the pipeline's size, and the cold
 step's chunks/s is compared with that rate (the goal: ingest at 0.9 of the embedder alone).
+Each step also reports the machine's busy and idle CPU seconds (``/proc/stat``: every process,
+this one's extraction workers and Milvus Lite's server included), and the ratio's ceiling: the
+embedder alone's seconds times the usable cores over the ingest's busy core-seconds, what the
+ratio would be were the ingest's CPU work packed onto the cores with none ever idle. A ratio
+near its ceiling is bound by CPU work, not by waiting.
 ``--embedder a,b`` and ``--rounds N`` run several embedders alternately, each on a fresh data
 directory, and print one table, so figures taken under the same load sit side by side:
 
@@ -35,6 +40,7 @@ import functools
 import http.server
 import itertools
 import json
+import math
 import os
 import shutil
 import sys
@@ -51,6 +57,7 @@ from ingest.pipeline import EMBED_BATCH_CHUNKS, reindex  # noqa: E402
 from ingest.registry import source_from_argument  # noqa: E402
 from ingest.services import open_services  # noqa: E402
 from rag.config import Settings  # noqa: E402
+from rag.embedders import usable_cpus  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "crawl-pydocs311"
 
@@ -68,6 +75,21 @@ def publish(src: Path, dest: Path) -> None:
     for p in dest.rglob("*"):
         if p.is_file():
             os.utime(p, (now, now))
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """The machine's busy and idle CPU seconds so far, all cores and processes (Linux
+    ``/proc/stat``; the extraction workers and Milvus Lite's server count too, and so does
+    anything else running). ``(nan, nan)`` where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return math.nan, math.nan
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle, iowait
+    busy = sum(fields[:8]) - idle - fields[7]  # user nice system irq softirq (steal apart)
+    return busy / hz, idle / hz
 
 
 def embedder_alone(services, source: str) -> tuple[int, float]:  # type: ignore[no-untyped-def]
@@ -105,9 +127,10 @@ def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, u
     for label, mode, release in steps:
         if release:
             publish(work / release / "site", served)
-        t0 = time.perf_counter()
+        t0, (busy0, idle0) = time.perf_counter(), cpu_seconds()
         report = reindex(services, "pydocs", mode)
         secs = time.perf_counter() - t0
+        busy1, idle1 = cpu_seconds()
         chunks = report.chunks_embedded + report.chunks_reused
         rows.append({
             "step": label, "seconds": round(secs, 2), "pages": report.fetched,
@@ -116,15 +139,21 @@ def run_one(embedder: str, args: argparse.Namespace, work: Path, served: Path, u
             "embedded": report.chunks_embedded,
             "embeddings_per_s": round(report.chunks_embedded / secs, 1) if report.chunks_embedded else 0.0,
             "load_1m": round(os.getloadavg()[0], 1),
+            "busy_core_s": round(busy1 - busy0, 1), "idle_core_s": round(idle1 - idle0, 1),
         })
     out: dict = {"embedder": embedder, "steps": rows,  # type: ignore[type-arg]
                  "extract_workers": settings.crawl.extract_workers, "threads": threads}
     if args.embedder_alone:
+        busy0, _ = cpu_seconds()
         n, secs = embedder_alone(services, "pydocs")
+        busy1, _ = cpu_seconds()
         cold = rows[0]
         out["alone"] = {"texts": n, "seconds": round(secs, 2), "chunks_per_s": round(n / secs, 1),
-                        "load_1m": round(os.getloadavg()[0], 1)}
+                        "load_1m": round(os.getloadavg()[0], 1), "busy_core_s": round(busy1 - busy0, 1)}
         out["ratio"] = round(cold["embeddings_per_s"] / (n / secs), 3)
+        # Were the cold ingest's CPU work done with no core ever idle, it would take
+        # busy / cores seconds: the ratio cannot pass alone-seconds * cores / busy.
+        out["ratio_ceiling"] = round(secs * usable_cpus() / cold["busy_core_s"], 3)
     out["documents"], out["chunks"] = services.state.counts()
     services.close()
     shutil.rmtree(data, ignore_errors=True)
@@ -181,12 +210,13 @@ def main() -> None:
         print(json.dumps(runs))
         return
     if len(runs) > 1 and args.embedder_alone:
-        print("\nembedder              workers threads round  ingest s  ingest chunks/s  alone chunks/s  ratio  load")
+        print("\nembedder              workers threads round  ingest s  ingest chunks/s  alone chunks/s  ratio  "
+              "ceiling  load")
         for r in runs:
             c = r["steps"][0]
             print(f"{r['embedder']:21} {r['extract_workers']:7d} {r['threads'] or 'auto':>7} {r['round']:5d} "
                   f"{c['seconds']:9.1f} {c['embeddings_per_s']:16.1f} {r['alone']['chunks_per_s']:15.1f} "
-                  f"{r['ratio']:6.2f}  {c['load_1m']}/{r['alone']['load_1m']}")
+                  f"{r['ratio']:6.2f} {r['ratio_ceiling']:8.2f}  {c['load_1m']}/{r['alone']['load_1m']}")
 
 
 def _print(r: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
@@ -195,15 +225,16 @@ def _print(r: dict, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
           f"round {r['round']}", flush=True)
     header = (f"{'step':18} {'seconds':>8} {'pages':>6} {'pages/s':>8} {'changed':>8} {'chunks/s':>9} "
               f"{'embedded':>9} {'emb/s':>7} {'load':>5}")
-    print(header)
+    print(header + f" {'busy core-s':>11} {'idle core-s':>11}")
     for s in r["steps"]:
         print(f"{s['step']:18} {s['seconds']:8.1f} {s['pages']:6d} {s['pages_per_s']:8.1f} "
               f"{s['changed_or_added']:8d} {s['chunks_per_s']:9.1f} {s['embedded']:9d} {s['embeddings_per_s']:7.1f} "
-              f"{s['load_1m']:5.1f}")
+              f"{s['load_1m']:5.1f} {s['busy_core_s']:11.1f} {s['idle_core_s']:11.1f}")
     if "alone" in r:
         a = r["alone"]
         print(f"embedder alone on the same {a['texts']} texts: {a['seconds']:.1f} s, {a['chunks_per_s']} chunks/s "
-              f"(load {a['load_1m']}); ingest/alone = {r['ratio']:.2f}")
+              f"(load {a['load_1m']}, {a['busy_core_s']} busy core-s); ingest/alone = {r['ratio']:.2f}, "
+              f"at most {r['ratio_ceiling']:.2f} for the ingest's CPU work on {usable_cpus()} cores")
 
 
 if __name__ == "__main__":
