@@ -107,11 +107,10 @@ def parse_html(text: str, url: str) -> HtmlPage:
 
 
 def _flatten(node: Any) -> None:
-    """Replace ``node``'s children by their text, keeping its attributes and tail."""
-    text, tail, attrib = node.text_content(), node.tail, dict(node.attrib)
-    node.clear()
-    node.attrib.update(attrib)
-    node.text, node.tail = text, tail
+    """Replace ``node``'s children by their text (its attributes and tail stay)."""
+    text = node.text_content()
+    del node[:]
+    node.text = text
 
 
 def _links(tree: Any, url: str) -> Iterator[str]:

@@ -47,11 +47,16 @@ def _in_step(services) -> None:
         assert index.count() == chunks
 
 
-def test_cold_ingest_deletes_nothing_and_a_change_replaces_old_chunks(tmp_path, services, monkeypatch):
+def _pages(tmp_path: Path, n: int) -> Path:
     folder = tmp_path / "docs"
     folder.mkdir()
-    for i in range(5):
+    for i in range(n):
         _write(folder, f"page{i}.md", f"Page {i} tells about topic number {i}. " * 20)
+    return folder
+
+
+def test_cold_ingest_deletes_nothing_and_a_change_replaces_old_chunks(tmp_path, services, monkeypatch):
+    folder = _pages(tmp_path, 5)
     services.state.add_source(source_from_argument(str(folder), name="docs"))
     deletes = _count_deletes(services, monkeypatch)
 
@@ -100,14 +105,6 @@ def test_after_a_run_that_failed_half_way_new_documents_are_deleted_first(tmp_pa
     _in_step(services)
 
 
-def _pages(tmp_path: Path, n: int) -> Path:
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i in range(n):
-        _write(folder, f"page{i:02d}.md", f"Page {i} tells about topic number {i}. " * 20)
-    return folder
-
-
 def test_a_failed_write_stops_the_run_and_no_later_batch_is_written(tmp_path, services, monkeypatch):
     import ingest.pipeline
 
@@ -126,6 +123,6 @@ def test_a_failed_write_stops_the_run_and_no_later_batch_is_written(tmp_path, se
     with pytest.raises(RuntimeError, match="index unavailable"):
         reindex(services, "docs", "full")
     # The first batch was written and recorded; the failing one and every later one were not.
-    assert sorted(services.state.documents("docs")) == written == ["docs:page00.md"]
+    assert sorted(services.state.documents("docs")) == written == ["docs:page0.md"]
     assert services.state.runs("docs", limit=1)[0]["status"] == "error"
     _in_step(services)
