@@ -210,8 +210,7 @@ class _Writer:
         elif node.tag == "code":
             self.add("```\n" + "".join(node.itertext()).strip("\n") + "\n```")
         elif node.tag == "table":
-            rows = ["| " + " | ".join(collapse_spaces("".join(c.itertext())) for c in row) + " |"
-                    for row in node.iter("row")]
+            rows = ["| " + " | ".join(_cell(c) for c in row) + " |" for row in node.iter("row")]
             self.add("\n".join(r for r in rows if r.strip("| ")))
         elif node.tag == "list":
             for item in node:
@@ -221,6 +220,31 @@ class _Writer:
             self.prefix = ""
         else:
             self.container(node)
+
+
+def _cell(node: Any) -> str:
+    """A table cell on one line: its list items joined by "; ", other blocks and breaks by a space.
+
+    Without the separators a cell listing ``a``, ``b`` and ``c`` would read ``abc``.
+    """
+    items: list[list[str]] = [[]]  # the cell's text, cut where a list item starts or ends
+
+    def walk(el: Any) -> None:
+        items[-1].append(el.text or "")
+        for child in el:
+            if isinstance(child.tag, str):
+                item, block = child.tag == "item", child.tag in _BLOCKS or child.tag == "lb"
+                if item:
+                    items.append([])
+                items[-1].append(" " if block else "")
+                walk(child)
+                items[-1].append(" " if block else "")
+                if item:
+                    items.append([])
+            items[-1].append(child.tail or "")
+
+    walk(node)
+    return "; ".join(text for text in (collapse_spaces("".join(x)) for x in items) if text)
 
 
 def _lines(pieces: list[str]) -> str:

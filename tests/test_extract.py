@@ -113,6 +113,17 @@ def test_html_inline_code_markup_is_kept_as_its_text():
     assert a.text == b.text and a.text.startswith("# The the_guide()\n\nFirst paragraph")
 
 
+def test_html_table_cells_keep_their_items_and_paragraphs_apart():
+    html = (b"<html><body><h1>Codecs</h1><p>The table below lists each codec with its aliases and "
+            b"the languages it covers, one row a codec.</p><table><tr><th>Codec</th><th>Aliases</th>"
+            b"<th>Notes</th></tr><tr><td>cp273</td><td><ul><li>273</li><li>IBM273</li></ul></td>"
+            b"<td><p>German</p><p>New in version 3.4.</p></td></tr><tr><td>koi8_t</td><td></td>"
+            b"<td>Tajik<br>New in version 3.5.</td></tr></table></body></html>")
+    page = extract(html, "html", url="http://h/codecs.html", boilerplate=())
+    assert "| cp273 | 273; IBM273 | German New in version 3.4. |" in page.text
+    assert "| koi8_t | | Tajik New in version 3.5. |" in page.text
+
+
 def test_html_markup_changes_do_not_change_text():
     other = (PAGE.replace(b"First   paragraph", b"First\n  paragraph")
              .replace(b"<b>bold</b>", b"<strong class='x'>bold</strong>")
