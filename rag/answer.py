@@ -52,15 +52,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from rag import metrics as M
 from rag.admission import Admission
+from rag.answer_events import (
+    AnswerEvent,
+    abstained,
+    answer_id,
+    attribution_counts,
+    cacheable,
+    confidence_of,
+    confident,
+    finish_timings,
+    observe_profile,
+    prepend,
+    reason_label,
+    replay,
+    shown_confidence,
+    with_inferred,
+    with_lookup,
+)
 from rag.attribution import Attributor
 from rag.cache import AnswerCacheLayer, CachedAnswer, Lookup, make_answer_cache
 from rag.config import ContextLimits
@@ -86,42 +101,6 @@ log = logging.getLogger(__name__)
 HEADROOM_TOKENS = 16  # chat-template tokens the count of the bare prompt may miss
 _EMPTY = PackedContext("", (), {}, 0, 0)
 EXAMPLE_ROOM = 256  # least context left beside the few-shot examples, else they are left out
-
-
-@dataclass(slots=True)
-class AnswerEvent:
-    """One step of a streamed answer (see the module docstring for the order)."""
-
-    kind: Literal["sources", "delta", "done", "error"]
-    text: str = ""
-    citations: tuple[Citation, ...] = ()
-    finish_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    degraded: bool = False  # a retrieval leg or the generator was down: see ``warnings``
-    warnings: tuple[str, ...] = ()  # on sources/done/error: what was missing, in words
-    fallback: bool = False  # the generator was down and the answer is extractive
-    error: str | None = None
-    cache: str | None = None  # on sources/done: hit | semantic | miss; None when not looked up
-    screening: Screening | None = None  # on ``done``: the question's verdict, passages excluded or quoted
-    attribution: dict[str, int] = field(default_factory=dict)  # on ``done``: sentences labelled by inference, unsupported
-    versions: dict[str, Any] | None = None  # on sources/done: profile, model, quantization, prompt_version, route, arm
-    answer_id: str | None = None  # on ``done``: this response's answer (feedback names it); new on every answer
-    confidence: dict[str, float] = field(default_factory=dict)  # on ``done``: logprob, min_logprob (generator's)
-
-
-def confident(confidence: Mapping[str, float], threshold: float | None) -> bool:
-    """Whether an answer's ``confidence`` (its ``done`` event's) reaches ``routing.min_confidence``:
-    always without a threshold, and when the generator reports no log-probability (the
-    extractive answerer: only abstaining and citing are checked)."""
-    value = confidence.get("logprob")
-    return threshold is None or value is None or value >= threshold
-
-
-def abstained(text: str) -> bool:
-    """Whether an answer is the model's "I don't know" (the template's sentence, or its opening)."""
-    folded = " ".join(text.split()).casefold().replace("’", "'")
-    return any(u.casefold() in folded for u in UNKNOWN.values()) or folded.startswith(("i don't know", "我不知道"))
 
 
 class Answerer:
@@ -248,7 +227,7 @@ class Answerer:
         events = None
         if lookup is not None and lookup.answer is not None:
             if not lookup.recheck:
-                for event in _replay(lookup, started):
+                for event in replay(lookup, started):
                     yield event
                 return
             # Its sources gained chunks since it was stored: serve it only if the context is
@@ -258,10 +237,10 @@ class Answerer:
             first = await events.__anext__()
             if first.kind == "sources" and await self._recheck(cache, lookup, first.citations):  # type: ignore[arg-type]
                 await events.aclose()  # type: ignore[attr-defined]
-                for event in _replay(lookup, started):
+                for event in replay(lookup, started):
                     yield event
                 return
-            events = _prepend(first, events)
+            events = prepend(first, events)
         if events is None:
             events = self._answer(question, verdict=verdict, query_vector=vector, profile=profile, arm=arm, **args)
         parts: list[str] = []
@@ -269,7 +248,7 @@ class Answerer:
         try:
             async for event in events:
                 if event.kind == "done":
-                    event.answer_id = _answer_id()
+                    event.answer_id = answer_id()
                 if lookup is not None and event.kind in ("sources", "done"):
                     event.cache = "miss"
                 if event.kind == "sources":
@@ -277,8 +256,8 @@ class Answerer:
                 elif event.kind == "delta":
                     parts.append(event.text)
                 elif event.kind == "done" and lookup is not None:
-                    event.timings = _with_lookup(event.timings, lookup)
-                    if _cacheable(event, parts):
+                    event.timings = with_lookup(event.timings, lookup)
+                    if cacheable(event, parts):
                         await self._store(cache, lookup, CachedAnswer(  # type: ignore[arg-type]
                             "".join(parts), sources, event.citations, event.finish_reason or "stop", dict(event.usage),
                             versions=dict(event.versions or {})))
@@ -358,7 +337,7 @@ class Answerer:
                                 legs=getattr(retrieval, "legs", None), packed_chunks=packed, turn=turn)
         decision = self.router.decide(signals)
         name = self.profiles.check(decision.profile)
-        M.ROUTER_DECISIONS.labels(name, _reason_label(decision.reason)).inc()
+        M.ROUTER_DECISIONS.labels(name, reason_label(decision.reason)).inc()
         return name, {"decision": name, "reason": decision.reason}
 
     async def _generate(self, question: str, *, verdict: Verdict, history: Sequence[Mapping[str, str]] = (),
@@ -436,7 +415,7 @@ class Answerer:
             return
         small_ms = round((time.perf_counter() - run.started) * 1000, 2)
         M.ROUTER_DECISIONS.labels(large, f"cascade: {why}").inc()
-        said = f"has confidence {_shown(last)} < {self.routing.min_confidence}" if why == "low confidence" else why
+        said = f"has confidence {shown_confidence(last)} < {self.routing.min_confidence}" if why == "low confidence" else why
         escalated = {"decision": large, "reason": f"cascade: the {small} answer {said}; escalated to {large}"}
         attempt = self._attempt(run, large, escalated, previous=sources)
         try:
@@ -513,7 +492,7 @@ class Answerer:
                 except (BackendError, GeneratorError) as exc:
                     if not first or answering == "extractive" or not allow:
                         M.PROFILE_REQUESTS.labels(answering, "error").inc()
-                        yield AnswerEvent("error", error=str(exc), timings=_finish(timings, run.started, gen_started),
+                        yield AnswerEvent("error", error=str(exc), timings=finish_timings(timings, run.started, gen_started),
                                           versions=versions, **run.state())
                         return
                     failed: list[tuple[str, str, str, Exception]] = [(answering, generator.name, "failed", exc)]
@@ -545,12 +524,12 @@ class Answerer:
             yield AnswerEvent("delta", text=tail)
         usage = {"prompt_tokens": (final.prompt_tokens if final else None) or 0,
                  "completion_tokens": (final.completion_tokens if final else None) or 0}
-        _observe(answering, timings, usage)
+        observe_profile(answering, timings, usage)
         self.profiles.down.pop(answering, None)  # it answered: up again
-        yield AnswerEvent("done", citations=_with_inferred(cites.cited, infer, packed),
+        yield AnswerEvent("done", citations=with_inferred(cites.cited, infer, packed),
                           finish_reason=final.finish_reason if final else "stop", usage=usage,
-                          timings=_finish(timings, run.started, gen_started), screening=run.screening, **run.state(),
-                          attribution=_counts(infer), versions=versions, confidence=_confidence(final))
+                          timings=finish_timings(timings, run.started, gen_started), screening=run.screening, **run.state(),
+                          attribution=attribution_counts(infer), versions=versions, confidence=confidence_of(final))
 
     def _attributor(self, packed: PackedContext) -> Attributor | None:
         """Labels for the sentences the model leaves unlabelled (``citations.infer``)."""
@@ -600,99 +579,4 @@ class _Run:
     def state(self) -> dict[str, Any]:
         return {"degraded": bool(self.warnings), "warnings": tuple(self.warnings), "fallback": self.fallback}
 
-
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-
-
-def _reason_label(reason: str) -> str:
-    """A router reason as a metric label: its words before any parenthesis, numbers as N (bounded)."""
-    return _NUMBER.sub("N", reason.split(" (")[0])[:80]
-
-
-def _observe(profile: str, timings: Mapping[str, float], usage: Mapping[str, int]) -> None:
-    M.PROFILE_REQUESTS.labels(profile, "ok").inc()
-    if "ttft_ms" in timings:
-        M.PROFILE_TTFT.labels(profile).observe(timings["ttft_ms"] / 1000)
-    for kind in ("prompt", "completion"):
-        if usage.get(f"{kind}_tokens"):
-            M.PROFILE_TOKENS.labels(profile, kind).inc(usage[f"{kind}_tokens"])
-
-
-def _with_inferred(cited: Sequence[Citation], infer: Attributor | None,
-                   packed: PackedContext) -> tuple[Citation, ...]:
-    """The model's citations, then those only inferred (``inferred=True``), each label once."""
-    out = list(cited)
-    if infer is not None:
-        have = {c.label for c in out}
-        out += [replace(packed.citations[n], inferred=True) for n in infer.inferred
-                if n not in have and n in packed.citations]
-    return tuple(out)
-
-
-def _shown(event: AnswerEvent | None) -> str:
-    value = (event.confidence if event is not None else {}).get("logprob")
-    return "unknown" if value is None else f"{value:.3f}"
-
-
-def _confidence(final: Any) -> dict[str, float]:
-    """The final delta's log-probabilities, those it has."""
-    if final is None:
-        return {}
-    return {k: v for k in ("logprob", "min_logprob") if (v := getattr(final, k, None)) is not None}
-
-
-def _counts(infer: Attributor | None) -> dict[str, int]:
-    if infer is None:
-        return {}
-    return {"inferred": infer.attributed, "unsupported": infer.unsupported}
-
-
-async def _prepend(first: AnswerEvent, rest: AsyncIterator[AnswerEvent]) -> AsyncIterator[AnswerEvent]:
-    try:
-        yield first
-        async for event in rest:
-            yield event
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
-
-
-def _replay(lookup: Lookup, started: float) -> list[AnswerEvent]:
-    """A cached answer as the events of a generated one, with the versions it was made with."""
-    answer = lookup.answer
-    assert answer is not None
-    timings = {**lookup.timings, "total_ms": (time.perf_counter() - started) * 1000}
-    versions = dict(answer.versions) or None
-    M.PROFILE_REQUESTS.labels(str((versions or {}).get("profile")), "cached").inc()
-    return [AnswerEvent("sources", citations=answer.sources, cache=lookup.kind, versions=versions),
-            AnswerEvent("delta", text=answer.text),
-            AnswerEvent("done", citations=answer.citations, finish_reason=answer.finish_reason,
-                        usage=dict(answer.usage), timings={k: round(v, 2) for k, v in timings.items()},
-                        cache=lookup.kind, versions=versions, answer_id=_answer_id())]
-
-
-def _answer_id() -> str:
-    return f"ans-{uuid.uuid4().hex}"
-
-
-def _with_lookup(timings: dict[str, float], lookup: Lookup) -> dict[str, float]:
-    """A generated answer's timings, counting the cache lookup before it."""
-    spent = lookup.timings.get("cache_ms", 0.0)
-    out = {**timings, "cache_ms": spent}
-    for key in ("ttft_ms", "total_ms"):
-        if key in out:
-            out[key] += spent
-    return {k: round(v, 2) for k, v in out.items()}
-
-
-def _cacheable(done: AnswerEvent, parts: list[str]) -> bool:
-    """Only complete answers are cached: not cut short, not degraded, not refused, not empty."""
-    screening = getattr(done, "screening", None)
-    blocked = screening is not None and getattr(getattr(screening, "question", None), "blocked", False)
-    return done.finish_reason == "stop" and not done.degraded and not blocked and bool("".join(parts).strip())
-
-
-def _finish(timings: dict[str, float], started: float, gen_started: float) -> dict[str, float]:
-    now = time.perf_counter()
-    out = {**timings, "generate_ms": (now - gen_started) * 1000, "total_ms": (now - started) * 1000}
-    return {k: round(v, 2) for k, v in out.items()}
 
