@@ -25,7 +25,7 @@ Citation metrics (see :func:`citation_scores`):
   holds at least half of the sentence's content words (:mod:`rag.support`); undefined when no
   sentence has a label. *unlabelled* is the share of its sentences without a label.
 
-:func:`abstained` says whether an answer is the "I don't know" reply.
+:func:`abstained` (:mod:`rag.answer_events`, the answer path's own test) says whether an answer is the "I don't know" reply.
 
 Example::
 
@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from rag.answer_events import abstained
 from rag.errors import ConfigError
 from rag.support import SUPPORTED, labels_of, split_sentences, strip_labels, support_score
 
@@ -55,8 +56,6 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _CJK_CLASS = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK = re.compile(f"[{_CJK_CLASS}]")
 _ZH_TOKEN = re.compile(rf"[{_CJK_CLASS}]|[^\W_{_CJK_CLASS}]+")
-_ABSTAIN = re.compile(r"\bi (?:do not|don't|don’t|cannot|can't) (?:know|answer)\b|\bthe (?:documents|context|passages) "
-                      r"(?:do|does) not (?:say|contain|mention)|我不知道|无法回答|没有相关信息|文档中没有")
 
 
 def normalize_en(text: str) -> str:
@@ -175,11 +174,6 @@ def rouge_l(answer: str, golds: Sequence[str], lang: str = "en") -> float:
         return 0.0
     scorer = _rouge(lang)
     return max(scorer.score(ref, text)["rougeL"].fmeasure for ref in refs)
-
-
-def abstained(answer: str) -> bool:
-    """Whether the answer says it does not know (either language's wording of it)."""
-    return bool(_ABSTAIN.search(answer.lower().replace("’", "'")))
 
 
 def answer_scores(answer: str, golds: Sequence[str], lang: str,

@@ -25,6 +25,9 @@ from rag.packing import PackedContext
 from rag.prompts import UNKNOWN
 from rag.types import Citation
 
+_ABSTAIN = re.compile(r"\bi (?:do not|don't|cannot|can't) (?:know|answer)\b|\bthe (?:documents|context|passages) "
+                      r"(?:do|does) not (?:say|contain|mention)|我不知道|无法回答|没有相关信息|文档中没有")
+
 __all__ = ["AnswerEvent", "abstained", "confident", "replay", "with_lookup", "cacheable", "finish_timings",
            "with_inferred", "confidence_of", "attribution_counts", "observe_profile", "reason_label",
            "shown_confidence", "answer_id", "prepend"]
@@ -61,9 +64,13 @@ def confident(confidence: Mapping[str, float], threshold: float | None) -> bool:
 
 
 def abstained(text: str) -> bool:
-    """Whether an answer is the model's "I don't know" (the template's sentence, or its opening)."""
+    """Whether an answer says it does not know: the template's sentence in either language, or
+    any common wording of it ("I cannot answer", "the context does not say", "无法回答").
+
+    The one test for the cascade, the experiments' metrics and the evaluation's abstention rate.
+    """
     folded = " ".join(text.split()).casefold().replace("’", "'")
-    return any(u.casefold() in folded for u in UNKNOWN.values()) or folded.startswith(("i don't know", "我不知道"))
+    return any(u.casefold() in folded for u in UNKNOWN.values()) or bool(_ABSTAIN.search(folded))
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")

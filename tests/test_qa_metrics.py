@@ -80,6 +80,7 @@ def test_bleu4_and_rouge_l() -> None:
 def test_abstained() -> None:
     assert abstained(UNKNOWN["en"]) and abstained(UNKNOWN["zh"])
     assert abstained("I do not know; the context does not say.")
+    assert abstained("I  don’t\nknow.") and abstained("文档无法回答这个问题。")  # spacing, curly quote
     assert not abstained("The answer is 308 [1].")
     assert not abstained("Nobody knows where he went [2].")
 
