@@ -27,16 +27,14 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.json_api_server import ApiFailure, JsonHandler, Knobs, serve
 
 __all__ = ["CohereServer", "serve_cohere", "EMBED_MODELS", "RERANK_MODELS", "words"]
 
@@ -74,36 +72,17 @@ def overlap(query: str, document: str) -> float:
     return len(wanted & set(words(document))) / len(wanted) if wanted else 0.0
 
 
-class ApiFailure(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
 @dataclass
-class CohereServer:
+class CohereServer(Knobs):
     """The state of a running fake Cohere API. Tests change the knobs while it runs."""
 
     api_key: str = "test-key"
-    port: int = 0
     embed_models: dict[str, int] = field(default_factory=lambda: dict(EMBED_MODELS))
     rerank_models: set[str] = field(default_factory=lambda: set(RERANK_MODELS))
-    fail_status: int | None = None
-    fail_message: str = "internal server error"
-    fail_count: int | None = None
-    retry_after: str | None = None
-    delay_s: float = 0.0
-    requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def calls(self, path: str) -> list[Any]:
-        """The JSON bodies of the requests received for ``path``, in order."""
-        with self.lock:
-            return [body for p, _, body in self.requests if p == path]
 
     def fail(self, status: int, message: str, count: int | None = None) -> None:
         self.fail_status, self.fail_message, self.fail_count = status, message, count
@@ -174,76 +153,29 @@ def _unknown_fields(body: dict[str, Any], allowed: set[str], endpoint: str) -> N
                                   f"usage, please refer to https://docs.cohere.com/reference/{endpoint}")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
-
+class _Handler(JsonHandler):
     def do_POST(self) -> None:
-        state = self.server.state
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        with state.lock:
-            state.requests.append((self.path, dict(self.headers), body))
-            failing = state.fail_status is not None and (state.fail_count is None or state.fail_count > 0)
-            if failing and state.fail_count is not None:
-                state.fail_count -= 1
-        if state.delay_s:
-            time.sleep(state.delay_s)
+        state: CohereServer = self.server.state
+        body, failing = self.receive()
         if self.headers.get("Authorization") is None:
-            return self._send(401, {"message": "no api key supplied"})
+            return self.send(401, {"message": "no api key supplied"})
         if self.headers.get("Authorization") != f"Bearer {state.api_key}":
-            return self._send(401, {"message": "invalid api token"})
+            return self.send(401, {"message": "invalid api token"})
         if failing:
-            return self._send(state.fail_status or 500, {"id": str(uuid.uuid4()), "message": state.fail_message})
+            return self.send(state.fail_status or 500, {"id": str(uuid.uuid4()), "message": state.fail_message})
         endpoint = {"/v2/embed": state.embed, "/v2/rerank": state.rerank}.get(self.path)
         if endpoint is None:
-            return self._send(404, {"message": f"path {self.path} not found"})
+            return self.send(404, {"message": f"path {self.path} not found"})
         if not isinstance(body, dict):
-            return self._send(400, {"message": "invalid request: cannot parse the request body as JSON"})
+            return self.send(400, {"message": "invalid request: cannot parse the request body as JSON"})
         try:
-            self._send(200, endpoint(body))
+            self.send(200, endpoint(body))
         except ApiFailure as exc:
-            self._send(exc.status, {"id": str(uuid.uuid4()), "message": exc.message})
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status >= 400 and self.server.state.retry_after is not None:
-                self.send_header("Retry-After", self.server.state.retry_after)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
-            self.close_connection = True
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    state: CohereServer
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up mid-request; tests look at what was recorded instead
+            self.send(exc.status, {"id": str(uuid.uuid4()), "message": exc.message})
 
 
 @contextmanager
 def serve_cohere(api_key: str = "test-key") -> Iterator[CohereServer]:
     """Run a fake Cohere API on a free port of 127.0.0.1 for the duration of the block."""
-    httpd = _Server(("127.0.0.1", 0), _Handler)
-    state = CohereServer(api_key=api_key, port=httpd.server_address[1])
-    httpd.state = state
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with serve(_Handler, CohereServer(api_key=api_key)) as state:
         yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)

@@ -27,16 +27,15 @@ Example::
 from __future__ import annotations
 
 import base64
-import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from tests.json_api_server import ApiFailure, JsonHandler, Knobs, serve
 
 __all__ = ["EmbeddingsServer", "serve_embeddings"]
 
@@ -44,14 +43,8 @@ Encode = Callable[[list[str]], np.ndarray]
 Tokenize = Callable[[str, bool], list[int]]
 
 
-class ApiFailure(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-@dataclass
-class EmbeddingsServer:
+@dataclass(kw_only=True)
+class EmbeddingsServer(Knobs):
     """The state of a running embeddings server. Tests change the knobs while it runs."""
 
     model: str
@@ -59,17 +52,9 @@ class EmbeddingsServer:
     tokenize: Tokenize | None = None
     max_model_len: int = 256
     api_key: str | None = None
-    port: int = 0
-    fail_status: int | None = None
-    fail_message: str = "internal server error"
-    fail_count: int | None = None
-    retry_after: str | None = None
-    delay_s: float = 0.0
     truncate_to: int | None = None
     ignore_dimensions: bool = False
     serve_tokenize: bool = True
-    requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def base_url(self) -> str:
@@ -77,8 +62,7 @@ class EmbeddingsServer:
 
     def calls(self, path: str = "/v1/embeddings") -> list[Any]:
         """The JSON bodies of the requests received for ``path``, in order."""
-        with self.lock:
-            return [body for p, _, body in self.requests if p == path]
+        return super().calls(path)
 
     def fail(self, status: int | None, message: str = "internal server error", count: int | None = None,
              retry_after: str | None = None) -> None:
@@ -136,34 +120,16 @@ class EmbeddingsServer:
                                             "owned_by": "ragqa-tests", "max_model_len": self.max_model_len}]}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
+class _Handler(JsonHandler):
     def do_GET(self) -> None:
-        state = self.server.state
+        state: EmbeddingsServer = self.server.state
         if self.path == "/v1/models":
-            return self._send(200, state.models())
+            return self.send(200, state.models())
         return self._error(404, "Not Found")
 
     def do_POST(self) -> None:
-        state = self.server.state
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        embedding = self.path == "/v1/embeddings"
-        with state.lock:
-            state.requests.append((self.path, dict(self.headers), body))
-            failing = embedding and state.fail_status is not None and (state.fail_count is None or state.fail_count > 0)
-            if failing and state.fail_count is not None:
-                state.fail_count -= 1
-        if embedding and state.delay_s:
-            time.sleep(state.delay_s)
+        state: EmbeddingsServer = self.server.state
+        body, failing = self.receive(fallible=self.path == "/v1/embeddings")
         if state.api_key is not None and self.headers.get("Authorization") != f"Bearer {state.api_key}":
             return self._error(401, "Unauthorized")
         if failing:
@@ -174,49 +140,20 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             return self._error(400, "the request body is not a JSON object")
         try:
-            self._send(200, endpoint(body))
+            self.send(200, endpoint(body))
         except ApiFailure as exc:
             self._error(exc.status, exc.message)
 
     def _error(self, status: int, message: str) -> None:
         kind = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}.get(status, "InternalServerError")
-        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status >= 400 and self.server.state.retry_after is not None:
-                self.send_header("Retry-After", self.server.state.retry_after)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
-            self.close_connection = True
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    state: EmbeddingsServer
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up mid-request; tests look at what was recorded instead
+        self.send(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
 
 
 @contextmanager
 def serve_embeddings(model: str, encode: Encode, tokenize: Tokenize | None = None, *,
                      max_model_len: int = 256, api_key: str | None = None) -> Iterator[EmbeddingsServer]:
     """Run an embeddings server on a free port of 127.0.0.1 for the duration of the block."""
-    httpd = _Server(("127.0.0.1", 0), _Handler)
     state = EmbeddingsServer(model=model, encode=encode, tokenize=tokenize, max_model_len=max_model_len,
-                             api_key=api_key, port=httpd.server_address[1])
-    httpd.state = state
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+                             api_key=api_key)
+    with serve(_Handler, state):
         yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
