@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["LocalServer", "serve_dir", "unpack_pydocs", "minimal_pdf", "PYDOCS_DIR"]
+__all__ = ["LocalServer", "QuietServer", "running", "serve_dir", "unpack_pydocs", "minimal_pdf", "PYDOCS_DIR"]
 
 PYDOCS_DIR = Path(__file__).resolve().parent / "data" / "crawl-pydocs311"
 _TYPES = {".html": "text/html; charset=utf-8", ".xml": "application/xml", ".txt": "text/plain",
@@ -151,11 +151,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class _Server(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
+    """A threading server whose handler threads never hold up exit, and that does not print
+    the errors of clients hanging up mid-answer (expected in these tests)."""
+
     daemon_threads = True
 
     def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a client that hung up mid-answer is expected in these tests
+        pass  # tests look at what was recorded instead
+
+
+@contextmanager
+def running(server: ThreadingHTTPServer) -> Iterator[None]:
+    """Serve requests on a thread for the duration of the ``with`` block, then close ``server``."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              name="test-http", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 @contextmanager
@@ -163,17 +180,10 @@ def serve_dir(root: Path) -> Iterator[LocalServer]:
     """Serve ``root`` on 127.0.0.1 at a free port for the duration of the ``with`` block."""
     state = LocalServer(root=Path(root))
     handler = type("Handler", (_Handler,), {"state": state})
-    server = _Server(("127.0.0.1", 0), handler)
+    server = QuietServer(("127.0.0.1", 0), handler)
     state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              name="test-http", daemon=True)
-    thread.start()
-    try:
+    with running(server):
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 _UNPACKED: dict[str, Path] = {}

@@ -20,8 +20,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Generic, TypeVar
+
+from tests.httpserver import QuietServer, running
 
 __all__ = ["ApiFailure", "Knobs", "JsonHandler", "serve"]
 
@@ -60,12 +62,8 @@ class Knobs:
 State = TypeVar("State", bound=Knobs)
 
 
-class _Server(ThreadingHTTPServer, Generic[State]):
-    daemon_threads = True
+class _Server(QuietServer, Generic[State]):
     state: State
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up mid-request; tests look at what was recorded instead
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -114,11 +112,5 @@ def serve(handler: type[JsonHandler], state: State) -> Iterator[State]:
     httpd: _Server[State] = _Server(("127.0.0.1", 0), handler)
     state.port = httpd.server_address[1]
     httpd.state = state
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with running(httpd):
         yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)

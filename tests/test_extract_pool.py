@@ -4,7 +4,6 @@ inline, in the same order, and a page whose extraction kills its worker costs th
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ from ingest.sources import open_source
 from ingest.sources.base import Fetched
 from rag.config import CrawlSettings, SourceConfig
 from tests.conftest import make_settings, publish
-from tests.httpserver import LocalServer, _Handler, _Server, minimal_pdf
+from tests.httpserver import LocalServer, QuietServer, _Handler, minimal_pdf, running
 
 CRASH_MARK = "crash-me"
 
@@ -40,20 +39,14 @@ def _serve(root: Path) -> Iterator[LocalServer]:
     server = None
     for port in range(18200, 18300):
         try:
-            server = _Server(("127.0.0.1", port), handler)
+            server = QuietServer(("127.0.0.1", port), handler)
             break
         except OSError:
             continue
     assert server is not None, "no free port in 18200-18299"
     state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with running(server):
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def _crawl(cfg: SourceConfig, workers: int, **settings: object) -> list[Fetched]:
